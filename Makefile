@@ -1,0 +1,65 @@
+# clusterbake: `make image && make cluster` on one Debian 12 machine (as root).
+# CONFIG=path selects another cluster config; FORCE=1 rebuilds the image.
+
+CONFIG ?= clusterbake.yaml
+PYTHON ?= python3
+VENV := .venv
+CB := $(VENV)/bin/clusterbake --config $(CONFIG)
+HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client python3-venv git rsync
+STAMP_VENV := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help deps venv validate image cluster status destroy lint test test-unit test-integration bench
+
+help: ## Show the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+deps: ## Install the host packages (apt) the local provider needs
+	@missing=$$(for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "==> apt-get install $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+$(STAMP_VENV): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -c requirements.lock -e '.[dev]'
+	touch $@
+
+venv: $(STAMP_VENV) ## Create the Python venv with pinned dependencies
+
+validate: venv ## Check the config file
+	$(CB) validate
+
+image: deps venv ## Build the node image (reused when inputs are unchanged; FORCE=1 rebuilds)
+	$(CB) image build $(if $(FORCE),--force)
+
+cluster: deps venv ## Boot and configure the cluster; ends with every compute node idle
+	$(CB) cluster up
+
+status: venv ## Nodes and their Slurm state
+	$(CB) cluster status
+
+destroy: venv ## Remove every node, network and mount of the cluster
+	$(CB) cluster down
+
+lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
+	$(VENV)/bin/ruff check src tests bench inventories
+	$(VENV)/bin/ruff format --check src tests bench inventories
+	$(VENV)/bin/yamllint -s .
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production ansible roles
+	packer fmt -check packer
+	scripts/packer-validate
+
+test: deps venv ## Unit and integration tests (builds the image if needed)
+	$(VENV)/bin/pytest -v tests
+
+test-unit: venv ## Unit tests only
+	$(VENV)/bin/pytest -v tests/unit
+
+test-integration: deps venv ## Integration tests on a real local cluster
+	$(VENV)/bin/pytest -v tests/integration
+
+bench: deps venv ## Bring-up benchmark (JSON in bench/results/)
+	$(VENV)/bin/python bench/bringup.py

@@ -1,0 +1,132 @@
+"""Cluster lifecycle shared by every provider: provision, configure, wait, report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from clusterbake.ansible import ansible_env, run_playbook
+from clusterbake.config import ClusterConfig
+from clusterbake.errors import ClusterbakeError
+from clusterbake.paths import repo_root
+from clusterbake.progress import phase, say
+from clusterbake.providers import get_provider
+from clusterbake.providers.base import Provider
+from clusterbake.state import StateDir
+
+IDLE_TIMEOUT = 90.0
+INVENTORY_SCRIPTS = {"local": "local.py"}
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def up(config: ClusterConfig, config_path: Path, provision_only: bool = False) -> dict:
+    state = StateDir.for_config(config)
+    provider = get_provider(config, state)
+    summary: dict = {"cluster": config.cluster_name}
+    provider.validate()
+    image = None
+    if config.provider == "local":
+        from clusterbake.image import find_image
+
+        image = find_image(config, state)
+    created = not provider.cluster.exists()
+    with phase(f"provision {len(provider.nodes)} nodes ({config.provider})"):
+        try:
+            provider.provision(image)
+        except BaseException:
+            if created:
+                say("    provisioning failed: removing what this run created")
+                provider.destroy()
+            raise
+    if provision_only:
+        return summary
+    log_file = provider.cluster.logs / f"cluster-up-{_stamp()}.log"
+    with phase("configure (ansible/cluster.yml)"):
+        say(f"    log: {log_file}")
+        result = run_playbook(
+            "cluster.yml",
+            repo_root() / "inventories" / INVENTORY_SCRIPTS[config.provider],
+            log_file,
+            ansible_env(config_path, state.root),
+        )
+        say(f"    {result.ok} ok, {result.changed} changed on {len(result.recap)} nodes")
+    summary["changed"] = result.changed
+    with phase("wait for compute nodes to be idle in Slurm"):
+        states = wait_idle(provider)
+        say("    " + ", ".join(f"{n}={s}" for n, s in sorted(states.items())))
+    summary["slurm"] = states
+    return summary
+
+
+def slurm_node_states(provider: Provider) -> dict[str, str]:
+    # One string: ssh hands the remote shell its arguments joined by spaces.
+    argv = provider.ssh_argv("head", ["sinfo --noheader --Node --format='%N %t'"])
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if result.returncode != 0:
+        raise ClusterbakeError(f"sinfo on the head node failed: {result.stderr.strip()}")
+    states = {}
+    for line in result.stdout.splitlines():
+        name, _, state = line.partition(" ")
+        states[name] = state.strip()
+    return states
+
+
+def wait_idle(provider: Provider, timeout: float = IDLE_TIMEOUT) -> dict[str, str]:
+    expected = {n.name for n in provider.nodes if n.role == "compute"}
+    deadline = time.monotonic() + timeout
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = slurm_node_states(provider)
+        if expected <= set(states) and all(states[n] in ("idle", "mix", "alloc") for n in expected):
+            return {n: states[n] for n in expected}
+        time.sleep(0.5)
+    raise ClusterbakeError(
+        f"compute nodes not idle after {timeout:.0f}s: {json.dumps(states)}; "
+        "check `clusterbake ssh head -- sinfo -R` and /var/log/slurm on the nodes"
+    )
+
+
+def status(config: ClusterConfig) -> dict:
+    provider = get_provider(config)
+    nodes = provider.status()
+    slurm: dict[str, str] = {}
+    if any(n.role == "head" and n.state == "running" for n in nodes):
+        try:
+            slurm = slurm_node_states(provider)
+        except (ClusterbakeError, subprocess.TimeoutExpired) as exc:
+            slurm = {"error": str(exc)}
+    state = provider.cluster.read_state()
+    return {
+        "cluster": config.cluster_name,
+        "provider": config.provider,
+        "image": Path(state["image"]).name if state.get("image") else None,
+        "nodes": [
+            {
+                "name": n.name,
+                "role": n.role,
+                "nodegroup": n.nodegroup,
+                "address": n.address,
+                "state": n.state,
+                "slurm_state": slurm.get(n.name),
+            }
+            for n in nodes
+        ],
+        "slurm_error": slurm.get("error"),
+    }
+
+
+def down(config: ClusterConfig) -> list[str]:
+    provider = get_provider(config)
+    with phase(f"destroy cluster {config.cluster_name}"):
+        removed = provider.destroy()
+        for item in removed:
+            say(f"    removed {item}")
+        if not removed:
+            say("    nothing to remove")
+    return removed

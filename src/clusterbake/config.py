@@ -1,0 +1,242 @@
+"""The cluster config file: a typed schema with every default in this one place.
+
+A config is loaded once, validated completely, and only then does anything get
+created. Errors name the file, the field path and what to do about it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from clusterbake.errors import ConfigError
+
+DEFAULT_CONFIG = "clusterbake.yaml"
+
+# Names end up in hostnames, Slurm node names and network device names.
+NAME_PATTERN = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=24)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ImageConfig(Strict):
+    base: Literal["debian-12"] = Field(
+        "debian-12",
+        description="Base distribution of the local image (cloud images: ubuntu-22.04, ubuntu-24.04, later).",
+    )
+    extra_ca_certificates: list[str] = Field(
+        default_factory=list,
+        description="PEM files or globs on the build host that the image trusts (corporate TLS proxies).",
+    )
+    package_pins: dict[str, str] = Field(
+        default_factory=dict,
+        description="Debian package name -> version glob, written as apt pins before anything is installed.",
+    )
+    mirror: str = Field("http://deb.debian.org/debian", description="Debian mirror for debootstrap and apt.")
+    security_mirror: str = Field("http://deb.debian.org/debian-security", description="Debian security mirror.")
+
+
+class HeadConfig(Strict):
+    cpus: int = Field(2, ge=1, description="Local provider: CPUs Slurm is told the node has.")
+    memory_mb: int = Field(2048, ge=256, description="Local provider: RealMemory in MiB.")
+    instance_type: str | None = Field(None, description="Cloud providers: the VM size.")
+
+
+class NodeGroup(Strict):
+    name: Name = Field(description="Group name; nodes are <name>-1, <name>-2, ...")
+    count: int = Field(ge=0, description="Number of nodes in this group.")
+    cpus: int = Field(2, ge=1, description="Slurm CPUs (local: at most the host's CPUs).")
+    sockets: int = Field(1, ge=1, description="Slurm Sockets; cores per socket follow from cpus.")
+    threads_per_core: int = Field(1, ge=1, description="Slurm ThreadsPerCore.")
+    memory_mb: int = Field(2048, ge=256, description="Slurm RealMemory in MiB.")
+    instance_type: str | None = Field(None, description="Cloud providers: the VM size.")
+    features: list[Name] = Field(default_factory=list, description="Slurm features and inventory groups.")
+    gres: list[str] = Field(default_factory=list, description="Slurm Gres entries, e.g. gpu:h100:8.")
+
+    @model_validator(mode="after")
+    def _cpus_split_into_sockets(self) -> NodeGroup:
+        if self.cpus % (self.sockets * self.threads_per_core):
+            raise ValueError(
+                f"cpus ({self.cpus}) must be a multiple of sockets x threads_per_core "
+                f"({self.sockets} x {self.threads_per_core})"
+            )
+        return self
+
+
+class Partition(Strict):
+    name: Name = Field(description="Slurm PartitionName.")
+    node_groups: list[Name] = Field(min_length=1, description="Node groups whose nodes the partition holds.")
+    default: bool = Field(False, description="The default partition (at most one).")
+    max_time: str = Field("INFINITE", description="Slurm MaxTime: INFINITE, MINUTES, HH:MM:SS or D-HH:MM:SS.")
+
+    @field_validator("max_time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if value != "INFINITE" and not re.fullmatch(r"(\d+-)?\d+(:\d{2}){0,2}", value):
+            raise ValueError("use INFINITE, MINUTES, HH:MM:SS or DAYS-HH:MM:SS")
+        return value
+
+
+class StorageMount(Strict):
+    name: Name = Field(description="Names the host directory (local) or the filesystem (clouds).")
+    mount_point: str = Field(description="Absolute path on every node.")
+    type: Literal["hostdir"] = Field("hostdir", description="local: a host directory bind-mounted on every node.")
+
+    @field_validator("mount_point")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or value in ("/", "/home"):
+            raise ValueError("must be an absolute path other than / and /home (/home is always shared)")
+        return value
+
+
+class User(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="Login name.")]
+    uid: int = Field(ge=1000, le=60000, description="Same UID on every node (shared /home).")
+    gid: int | None = Field(None, ge=1000, le=60000, description="Defaults to the uid.")
+    shell: str = Field("/bin/bash", description="Login shell.")
+    sudo: bool = Field(False, description="Passwordless sudo on every node.")
+    ssh_authorized_keys: list[str] = Field(default_factory=list, description="Public keys for SSH to the head.")
+
+
+class SlurmConfig(Strict):
+    proctrack_type: str | None = Field(None, description="Default per provider: local proctrack/linuxproc.")
+    task_plugin: str | None = Field(None, description="Default per provider: local task/affinity.")
+    jobacct_gather_type: str | None = Field(None, description="Default per provider: local jobacct_gather/linux.")
+
+
+class LocalConfig(Strict):
+    subnet: str = Field("10.77.0.0/24", description="Project bridge subnet; the host takes the first address.")
+    state_dir: str = Field("/var/lib/clusterbake", description="Images, caches and cluster state.")
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, value: str) -> str:
+        network = ipaddress.ip_network(value, strict=True)
+        if network.version != 4 or not network.is_private or network.prefixlen > 28:
+            raise ValueError("must be a private IPv4 network of /28 or larger, e.g. 10.77.0.0/24")
+        return value
+
+
+# Plugin choices that work in each environment (PLATFORM.md: nspawn nodes on a
+# cgroup v1 hybrid host cannot use Slurm's cgroup plugins; cloud VMs run cgroup v2).
+SLURM_PLUGIN_DEFAULTS = {
+    "local": {
+        "proctrack_type": "proctrack/linuxproc",
+        "task_plugin": "task/affinity",
+        "jobacct_gather_type": "jobacct_gather/linux",
+    },
+    "cloud": {
+        "proctrack_type": "proctrack/cgroup",
+        "task_plugin": "task/cgroup,task/affinity",
+        "jobacct_gather_type": "jobacct_gather/cgroup",
+    },
+}
+
+
+class ClusterConfig(Strict):
+    cluster_name: Name = Field(description="Names the cluster's nodes, network devices, state and cloud tags.")
+    provider: Literal["local"] = Field("local", description="local now; aws and azure follow.")
+    image: ImageConfig = Field(default_factory=ImageConfig, description="What goes into the node image.")
+    head: HeadConfig = Field(default_factory=HeadConfig, description="The head node (slurmctld, login).")
+    node_groups: list[NodeGroup] = Field(min_length=1, description="Compute nodes, named <group>-<n>.")
+    partitions: list[Partition] = Field(
+        default_factory=list, description="Slurm partitions; default: one per node group, the first the default."
+    )
+    storage: list[StorageMount] = Field(
+        default_factory=lambda: [StorageMount(name="shared", mount_point="/shared")],
+        description="Shared filesystems on every node (/home is always shared too).",
+    )
+    users: list[User] = Field(default_factory=list, description="Cluster users, same UID/GID on every node.")
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="Per-environment Slurm plugin choices.")
+    local: LocalConfig = Field(default_factory=LocalConfig, description="Settings of the local provider.")
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> ClusterConfig:
+        _unique("node_groups", [g.name for g in self.node_groups])
+        _unique("partitions", [p.name for p in self.partitions])
+        _unique("storage", [s.mount_point for s in self.storage], what="mount_point")
+        _unique("users", [u.name for u in self.users])
+        _unique("users", [u.uid for u in self.users], what="uid")
+        groups = {g.name for g in self.node_groups}
+        if "head" in groups:
+            raise ValueError("node_groups: 'head' is reserved for the head node; rename the group")
+        for index, partition in enumerate(self.partitions):
+            for name in partition.node_groups:
+                if name not in groups:
+                    raise ValueError(
+                        f"partitions.{index}.node_groups: '{name}' is not a node group "
+                        f"(defined: {', '.join(sorted(groups))})"
+                    )
+        if sum(p.default for p in self.partitions) > 1:
+            raise ValueError("partitions: more than one partition has default: true")
+        return self
+
+    def effective_partitions(self) -> list[Partition]:
+        """Partitions as configured, or one default partition per node group."""
+        if self.partitions:
+            parts = list(self.partitions)
+            if not any(p.default for p in parts):
+                parts[0] = parts[0].model_copy(update={"default": True})
+            return parts
+        return [Partition(name=g.name, node_groups=[g.name], default=i == 0) for i, g in enumerate(self.node_groups)]
+
+    def slurm_plugins(self) -> dict[str, str]:
+        defaults = SLURM_PLUGIN_DEFAULTS["local" if self.provider == "local" else "cloud"]
+        chosen = self.slurm.model_dump()
+        return {key: chosen[key] or value for key, value in defaults.items()}
+
+
+def _unique(field: str, values: list, what: str = "name") -> None:
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{field}: duplicate {what} '{value}'; each must be unique")
+        seen.add(value)
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read and validate a config file, raising ConfigError with a readable message."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file; pass CONFIG=path or create {DEFAULT_CONFIG}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping with cluster_name, node_groups, ...")
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: invalid config\n" + format_validation_error(exc)) from None
+
+
+_HINTS = {
+    "extra_forbidden": "unknown key; remove it or check its spelling",
+    "missing": "required; add it",
+}
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = _HINTS.get(error["type"], error["msg"].removeprefix("Value error, "))
+        lines.append(f"  {location}: {message}")
+    return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""docs/config.md, generated from the schema so the reference cannot drift.
+
+python -m clusterbake.config_reference > docs/config.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from clusterbake.config import ClusterConfig
+
+
+def _type_name(annotation) -> str:
+    text = getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else None
+    return text or str(annotation).replace("typing.", "").replace("clusterbake.config.", "")
+
+
+def _default(field) -> str:
+    if field.default is not PydanticUndefined:
+        return json.dumps(field.default) if not isinstance(field.default, BaseModel) else "(section)"
+    if field.default_factory is not None:
+        value = field.default_factory()
+        if isinstance(value, BaseModel):
+            return "(section)"
+        if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            return json.dumps([v.model_dump() for v in value])
+        return json.dumps(value)
+    return "required"
+
+
+def _nested_models(annotation) -> list[type[BaseModel]]:
+    found = []
+    for arg in (annotation, *typing.get_args(annotation)):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            found.append(arg)
+    return found
+
+
+def render() -> str:
+    lines = [
+        "# Config reference",
+        "",
+        "Generated from `src/clusterbake/config.py` by `python -m clusterbake.config_reference`;",
+        "a unit test fails when it is out of date. Unknown keys are errors.",
+        "",
+    ]
+    queue: list[tuple[str, type[BaseModel]]] = [("(top level)", ClusterConfig)]
+    seen = set()
+    while queue:
+        path, model = queue.pop(0)
+        if model in seen:
+            continue
+        seen.add(model)
+        lines += [f"## `{path}`", "", "| key | type | default | description |", "| --- | --- | --- | --- |"]
+        for name, field in model.model_fields.items():
+            description = (field.description or "").replace("|", "\\|")
+            type_name = _type_name(field.annotation).replace("|", "\\|")
+            lines.append(f"| `{name}` | `{type_name}` | `{_default(field)}` | {description} |")
+            for nested in _nested_models(field.annotation):
+                prefix = "" if path == "(top level)" else f"{path}."
+                queue.append((f"{prefix}{name}", nested))
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

@@ -1,0 +1,23 @@
+"""Errors that the CLI turns into a message and an exit status (no traceback)."""
+
+
+class ClusterbakeError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, log_file: str | None = None):
+        super().__init__(message)
+        self.log_file = log_file
+
+
+class ConfigError(ClusterbakeError):
+    """Bad input: the config file or the command line. Nothing has been created."""
+
+    exit_code = 2
+
+
+class MissingImageError(ClusterbakeError):
+    exit_code = 3
+
+
+class CommandFailed(ClusterbakeError):
+    """An external tool (ansible-playbook, packer, debootstrap) failed; see its log."""

@@ -1,0 +1,82 @@
+"""The Ansible inventory shape shared by every provider (docs/architecture.md)."""
+
+from __future__ import annotations
+
+from clusterbake.config import ClusterConfig
+from clusterbake.topology import NodeSpec
+
+
+def group_name(name: str) -> str:
+    """Ansible group names cannot hold dashes; node group and feature names can."""
+    return name.replace("-", "_")
+
+
+def cluster_vars(config: ClusterConfig) -> dict:
+    """Group `all` vars derived from the config, so playbooks need no extra vars."""
+    plugins = config.slurm_plugins()
+    return {
+        "clusterbake_cluster_name": config.cluster_name,
+        "clusterbake_provider": config.provider,
+        "clusterbake_partitions": [
+            {
+                "name": p.name,
+                "nodegroups": list(p.node_groups),
+                "default": p.default,
+                "max_time": p.max_time,
+                "state": "UP",
+            }
+            for p in config.effective_partitions()
+        ],
+        "clusterbake_users": [
+            {
+                "name": u.name,
+                "uid": u.uid,
+                "gid": u.gid or u.uid,
+                "groups": [],
+                "shell": u.shell,
+                "sudo": u.sudo,
+                "ssh_authorized_keys": list(u.ssh_authorized_keys),
+            }
+            for u in config.users
+        ],
+        "clusterbake_storage": [s.model_dump() for s in config.storage],
+        "slurm_proctrack_type": plugins["proctrack_type"],
+        "slurm_task_plugin": plugins["task_plugin"],
+        "slurm_jobacct_gather_type": plugins["jobacct_gather_type"],
+        "slurm_cgroup_enabled": plugins["proctrack_type"] == "proctrack/cgroup",
+    }
+
+
+def build_inventory(
+    config: ClusterConfig,
+    nodes: list[NodeSpec],
+    addresses: dict[str, str],
+    extra_vars: dict | None = None,
+    extra_hostvars: dict[str, dict] | None = None,
+) -> dict:
+    """`ansible-inventory --list` JSON for the given nodes (only those with an address)."""
+    present = [n for n in nodes if n.name in addresses]
+    groups: dict[str, list[str]] = {"slurm_head": [], "slurm_compute": []}
+    for group in config.node_groups:
+        groups[f"nodegroup_{group_name(group.name)}"] = []
+    hostvars: dict[str, dict] = {}
+    for node in present:
+        groups["slurm_head" if node.role == "head" else "slurm_compute"].append(node.name)
+        if node.role == "compute":
+            groups[f"nodegroup_{group_name(node.nodegroup)}"].append(node.name)
+        for feature in node.features:
+            groups.setdefault(group_name(feature), []).append(node.name)
+        hostvars[node.name] = {
+            "ansible_host": addresses[node.name],
+            "clusterbake_node_role": node.role,
+            "clusterbake_nodegroup": node.nodegroup,
+            "clusterbake_slurm_node": node.slurm.as_dict(),
+            **(extra_hostvars or {}).get(node.name, {}),
+        }
+    inventory: dict = {name: {"hosts": hosts} for name, hosts in groups.items()}
+    inventory["all"] = {
+        "children": sorted([*groups, "ungrouped"]),
+        "vars": {**cluster_vars(config), **(extra_vars or {})},
+    }
+    inventory["_meta"] = {"hostvars": hostvars}
+    return inventory

@@ -1,0 +1,138 @@
+"""Host networking for local nodes: one bridge per cluster, one netns + veth per node.
+
+Only addresses inside the project's own bridge subnet are ever configured.
+Every function is idempotent, so a half-finished `cluster up` can be re-run and
+`destroy` can be re-run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import subprocess
+from pathlib import Path
+
+from clusterbake.errors import ClusterbakeError, ConfigError
+
+NETNS_DIR = Path("/run/netns")
+
+
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    argv = ["ip", *(["-n", netns] if netns else []), *args]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise ClusterbakeError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+    return result
+
+
+def _short(prefix: str, key: str) -> str:
+    """Linux device names are limited to 15 characters."""
+    return prefix + hashlib.sha1(key.encode()).hexdigest()[: 15 - len(prefix)]
+
+
+def bridge_name(cluster: str) -> str:
+    name = f"cb-{cluster}"
+    return name if len(name) <= 15 else _short("cb-", cluster)
+
+
+def netns_name(cluster: str, node: str) -> str:
+    return f"cb-{cluster}-{node}"
+
+
+def veth_name(cluster: str, node: str) -> str:
+    return _short("cbv", f"{cluster}/{node}")
+
+
+def host_address(subnet: str) -> ipaddress.IPv4Interface:
+    network = ipaddress.ip_network(subnet)
+    return ipaddress.ip_interface(f"{next(network.hosts())}/{network.prefixlen}")
+
+
+def node_addresses(subnet: str, count: int) -> list[str]:
+    """Fixed addresses: the host takes .1, the head .10, compute nodes follow."""
+    network = ipaddress.ip_network(subnet)
+    hosts = list(network.hosts())
+    first = 9 if network.num_addresses >= 64 else 1
+    if first + count >= len(hosts):
+        raise ConfigError(
+            f"local.subnet: {subnet} has room for {len(hosts) - first - 1} nodes, "
+            f"the config asks for {count}; choose a larger subnet"
+        )
+    return [str(address) for address in hosts[first : first + count]]
+
+
+def link_exists(name: str) -> bool:
+    return _ip("link", "show", "dev", name, check=False).returncode == 0
+
+
+def check_subnet_free(subnet: str, bridge: str) -> None:
+    """Refuse a subnet that overlaps a route the host already uses for something else."""
+    network = ipaddress.ip_network(subnet)
+    routes = json.loads(_ip("-j", "-4", "route", "show").stdout or "[]")
+    for route in routes:
+        destination = route.get("dst", "")
+        if destination in ("default", "") or route.get("dev") == bridge:
+            continue
+        if "/" not in destination:
+            destination += "/32"
+        if network.overlaps(ipaddress.ip_network(destination, strict=False)):
+            raise ConfigError(
+                f"local.subnet: {subnet} overlaps the host route {destination} on {route.get('dev')}; "
+                "choose another private subnet"
+            )
+
+
+def ensure_bridge(cluster: str, subnet: str) -> str:
+    bridge = bridge_name(cluster)
+    if not link_exists(bridge):
+        check_subnet_free(subnet, bridge)
+        _ip("link", "add", bridge, "type", "bridge")
+    address = str(host_address(subnet))
+    current = _ip("-j", "addr", "show", "dev", bridge).stdout
+    if address.split("/")[0] not in current:
+        _ip("addr", "add", address, "dev", bridge)
+    _ip("link", "set", bridge, "up")
+    return bridge
+
+
+def ensure_node_network(cluster: str, node: str, address: str, subnet: str) -> str:
+    """Create the node's netns and veth pair; configure host0 inside with a fixed address."""
+    netns = netns_name(cluster, node)
+    veth = veth_name(cluster, node)
+    if not (NETNS_DIR / netns).exists():
+        _ip("netns", "add", netns)
+    if not link_exists(veth):
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "host0", "netns", netns)
+    _ip("link", "set", veth, "master", bridge_name(cluster), "up")
+    prefix = ipaddress.ip_network(subnet).prefixlen
+    inside = _ip("-j", "addr", "show", "dev", "host0", netns=netns).stdout
+    if f'"{address}"' not in inside:
+        _ip("addr", "add", f"{address}/{prefix}", "dev", "host0", netns=netns)
+    _ip("link", "set", "lo", "up", netns=netns)
+    # No default route on purpose: nodes talk to each other and to the host's bridge
+    # address only, never to anything beyond this machine.
+    _ip("link", "set", "host0", "up", netns=netns)
+    return netns
+
+
+def remove_node_network(cluster: str, node: str) -> None:
+    veth = veth_name(cluster, node)
+    if link_exists(veth):
+        _ip("link", "del", veth, check=False)
+    if (NETNS_DIR / netns_name(cluster, node)).exists():
+        _ip("netns", "del", netns_name(cluster, node))
+
+
+def remove_bridge(cluster: str) -> None:
+    bridge = bridge_name(cluster)
+    if link_exists(bridge):
+        _ip("link", "del", bridge)
+
+
+def leftover_netns(cluster: str) -> list[str]:
+    """Namespaces of this cluster that exist on the host (for destroy and its tests)."""
+    if not NETNS_DIR.is_dir():
+        return []
+    prefix = f"cb-{cluster}-"
+    return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(prefix))

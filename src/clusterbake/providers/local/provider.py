@@ -1,0 +1,263 @@
+"""The local provider: a real cluster of systemd-nspawn nodes on this machine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from clusterbake.errors import ClusterbakeError, ConfigError
+from clusterbake.inventory import build_inventory
+from clusterbake.progress import say
+from clusterbake.providers.base import NodeStatus, Provider
+from clusterbake.providers.local import machines, network
+
+SSH_READY_TIMEOUT = 60.0
+
+
+class LocalProvider(Provider):
+    @property
+    def machine_prefix(self) -> str:
+        return f"cb-{self.config.cluster_name}-"
+
+    def machine_name(self, node: str) -> str:
+        return f"{self.machine_prefix}{node}"
+
+    def addresses(self) -> dict[str, str]:
+        planned = network.node_addresses(self.config.local.subnet, len(self.nodes))
+        return {node.name: address for node, address in zip(self.nodes, planned, strict=True)}
+
+    def _paths(self, node: str) -> machines.MachinePaths:
+        return machines.MachinePaths(self.cluster.node(node))
+
+    def _binds(self) -> dict[str, Path]:
+        binds = {"/home": self.cluster.home}
+        for mount in self.config.storage:
+            binds[mount.mount_point] = self.cluster.storage(mount.name)
+        return binds
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Host limits the schema cannot know: slurmd drains a node that has less than it is told."""
+        cpus = os.cpu_count() or 1
+        memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        sections = [("head", self.config.head)] + [
+            (f"node_groups.{i}", g) for i, g in enumerate(self.config.node_groups)
+        ]
+        for field, section in sections:
+            if section.cpus > cpus:
+                raise ConfigError(f"{field}.cpus: {section.cpus} is more than this host's {cpus} CPUs; lower it")
+            if section.memory_mb > memory_mb:
+                raise ConfigError(
+                    f"{field}.memory_mb: {section.memory_mb} is more than this host's {memory_mb} MiB; lower it"
+                )
+        network.node_addresses(self.config.local.subnet, len(self.nodes))
+
+    def provision(self, image: Path | str) -> None:
+        image_root = Path(image) / "rootfs"
+        state = self.cluster.read_state()
+        if state.get("image") and state["image"] != str(image):
+            say(f"    nodes keep their image {Path(state['image']).name} (destroy to move to a new one)")
+            image_root = Path(state["image"]) / "rootfs"
+            image = state["image"]
+        if not image_root.is_dir():
+            raise ClusterbakeError(f"image root {image_root} is missing; run `make image`")
+        self.cluster.ensure_secrets()
+        for directory in self._binds().values():
+            directory.mkdir(parents=True, exist_ok=True)
+        self.cluster.write_state(
+            {
+                "cluster": self.config.cluster_name,
+                "provider": "local",
+                "image": str(image),
+                "subnet": self.config.local.subnet,
+                "nodes": {n.name: {"address": a} for n, a in zip(self.nodes, self.addresses().values(), strict=True)},
+            }
+        )
+        network.ensure_bridge(self.config.cluster_name, self.config.local.subnet)
+        running = machines.find_machines(self.machine_prefix)
+        started = [n.name for n in self.nodes if self.machine_name(n.name) not in running]
+        for name in started:
+            self._start(name, image_root)
+        self._write_known_hosts()
+        self.wait_ssh(started)
+
+    def _start(self, name: str, image_root: Path | None = None) -> None:
+        if image_root is None:
+            image_root = Path(self.cluster.read_state()["image"]) / "rootfs"
+        address = self.addresses()[name]
+        netns = network.ensure_node_network(self.config.cluster_name, name, address, self.config.local.subnet)
+        paths = self._paths(name)
+        machines.mount_overlay(image_root, paths)
+        self._personalize(name, paths.root)
+        argv = machines.nspawn_argv(self.machine_name(name), name, paths.root, netns, self._binds())
+        machines.spawn(argv, self.machine_name(name), paths.console_log)
+
+    def _personalize(self, name: str, root: Path) -> None:
+        """First boot only: identity of the node (hostname, machine-id, host keys, access)."""
+        marker = root / "etc" / "clusterbake-node"
+        if marker.exists():
+            return
+        (root / "etc" / "hostname").write_text(f"{name}\n")
+        (root / "etc" / "machine-id").write_text(uuid.uuid4().hex + "\n")
+        ssh_dir = root / "etc" / "ssh"
+        for old in ssh_dir.glob("ssh_host_*"):
+            old.unlink()
+        for kind in ("ed25519", "ecdsa"):
+            subprocess.run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    kind,
+                    "-N",
+                    "",
+                    "-C",
+                    f"root@{name}",
+                    "-f",
+                    str(ssh_dir / f"ssh_host_{kind}_key"),
+                ],
+                check=True,
+            )
+        root_ssh = root / "root" / ".ssh"
+        root_ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+        keys = root_ssh / "authorized_keys"
+        keys.write_text(self.cluster.ssh_key.with_suffix(".pub").read_text())
+        keys.chmod(0o600)
+        hosts = ["127.0.0.1 localhost", f"127.0.1.1 {name}"]
+        hosts += [f"{address} {node}" for node, address in self.addresses().items() if node != name]
+        (root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
+        marker.write_text(f"{self.config.cluster_name}/{name}\n")
+
+    def _write_known_hosts(self) -> None:
+        lines = []
+        for name, address in self.addresses().items():
+            pub = self._paths(name).root / "etc" / "ssh" / "ssh_host_ed25519_key.pub"
+            if pub.exists():
+                key = " ".join(pub.read_text().split()[:2])
+                lines.append(f"{name},{address} {key}")
+        self.cluster.known_hosts.write_text("\n".join(lines) + "\n")
+
+    def wait_ssh(self, names: list[str], timeout: float = SSH_READY_TIMEOUT) -> None:
+        addresses = self.addresses()
+        pending = set(names)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for name in sorted(pending):
+                try:
+                    with socket.create_connection((addresses[name], 22), timeout=0.5) as conn:
+                        if conn.recv(4).startswith(b"SSH-"):
+                            pending.discard(name)
+                except OSError:
+                    pass
+            if pending:
+                time.sleep(0.1)
+        if pending:
+            logs = ", ".join(str(self._paths(n).console_log) for n in sorted(pending))
+            raise ClusterbakeError(
+                f"nodes {', '.join(sorted(pending))} did not answer SSH within {timeout:.0f}s; console: {logs}"
+            )
+
+    def start_node(self, name: str) -> None:
+        self.node(name)
+        if self.machine_name(name) in machines.find_machines(self.machine_prefix):
+            return
+        self._start(name)
+        self.wait_ssh([name])
+
+    def stop_node(self, name: str) -> None:
+        self.node(name)
+        pid = machines.find_machines(self.machine_prefix).get(self.machine_name(name))
+        if pid:
+            machines.stop(pid)
+        machines.remove_cgroups(self.machine_name(name))
+        machines.unmount_tree(self._paths(name).root)
+
+    def destroy(self) -> list[str]:
+        """Stop every node (also ones a lost state file no longer names), then remove all."""
+        removed = []
+        running = machines.find_machines(self.machine_prefix)
+        for machine, pid in sorted(running.items()):
+            machines.stop(pid)
+            removed.append(f"machine {machine}")
+        names = {n.name for n in self.nodes} | set(self.cluster.read_state().get("nodes", {}))
+        names |= {m[len(self.machine_prefix) :] for m in running}
+        nodes_dir = self.cluster.root / "nodes"
+        if nodes_dir.is_dir():
+            names |= {p.name for p in nodes_dir.iterdir()}
+        names |= {ns[len(self.machine_prefix) :] for ns in network.leftover_netns(self.config.cluster_name)}
+        busy = []
+        for name in sorted(names):
+            busy += machines.remove_cgroups(self.machine_name(name))
+            machines.unmount_tree(self._paths(name).root)
+            network.remove_node_network(self.config.cluster_name, name)
+        if network.link_exists(network.bridge_name(self.config.cluster_name)):
+            network.remove_bridge(self.config.cluster_name)
+            removed.append(f"bridge {network.bridge_name(self.config.cluster_name)}")
+        machines.unmount_tree(self.cluster.root)
+        if self.cluster.root.exists():
+            subprocess.run(["rm", "-rf", "--one-file-system", str(self.cluster.root)], check=True)
+            removed.append(f"state {self.cluster.root}")
+        if busy:
+            raise ClusterbakeError(f"cgroups still busy after stopping the nodes: {', '.join(busy)}")
+        return removed
+
+    # --- queries ---------------------------------------------------------------------
+
+    def status(self) -> list[NodeStatus]:
+        running = machines.find_machines(self.machine_prefix)
+        addresses = self.addresses()
+        exists = self.cluster.exists()
+        result = []
+        for node in self.nodes:
+            if self.machine_name(node.name) in running:
+                state = "running"
+            elif exists and self.cluster.node(node.name).exists():
+                state = "stopped"
+            else:
+                state = "absent"
+            result.append(NodeStatus(node.name, node.role, node.nodegroup, addresses[node.name], state))
+        return result
+
+    def inventory(self) -> dict:
+        running = machines.find_machines(self.machine_prefix)
+        addresses = {name: address for name, address in self.addresses().items() if self.machine_name(name) in running}
+        return build_inventory(self.config, self.nodes, addresses, extra_vars=self._connection_vars())
+
+    def _connection_vars(self) -> dict:
+        return {
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.cluster.ssh_key),
+            "ansible_ssh_common_args": " ".join(self._ssh_options()),
+            "munge_key_file": str(self.cluster.munge_key),
+        }
+
+    def _ssh_options(self) -> list[str]:
+        return [
+            "-o",
+            f"UserKnownHostsFile={self.cluster.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+
+    def ssh_argv(self, node: str, command: list[str], tty: bool = False) -> list[str]:
+        self.node(node)
+        address = self.addresses()[node]
+        return [
+            "ssh",
+            *(["-t"] if tty else ["-T"]),
+            "-i",
+            str(self.cluster.ssh_key),
+            *self._ssh_options(),
+            f"root@{address}",
+            "--",
+            *command,
+        ]

@@ -1,0 +1,112 @@
+"""Where clusterbake keeps images, caches and per-cluster state on the controller."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterbake.config import ClusterConfig
+
+
+@dataclass(frozen=True)
+class StateDir:
+    root: Path
+
+    @classmethod
+    def for_config(cls, config: ClusterConfig) -> StateDir:
+        return cls(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", config.local.state_dir)))
+
+    @property
+    def images(self) -> Path:
+        return self.root / "images"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / "cache"
+
+    def cluster(self, name: str) -> ClusterDir:
+        return ClusterDir(self.root / "clusters" / name)
+
+
+@dataclass(frozen=True)
+class ClusterDir:
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.root / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "ssh" / "known_hosts"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.root / "secrets" / "munge.key"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    def storage(self, name: str) -> Path:
+        return self.root / "storage" / name
+
+    def node(self, name: str) -> Path:
+        return self.root / "nodes" / name
+
+    def exists(self) -> bool:
+        return self.state_file.is_file()
+
+    def read_state(self) -> dict:
+        return json.loads(self.state_file.read_text()) if self.exists() else {}
+
+    def write_state(self, state: dict) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.state_file)
+
+    def ensure_secrets(self) -> None:
+        """The cluster's SSH key and munge key, created once with tight permissions."""
+        self.ssh_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.ssh_key.exists():
+            subprocess.run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"clusterbake@{self.root.name}",
+                    "-f",
+                    str(self.ssh_key),
+                ],
+                check=True,
+            )
+        write_secret(self.munge_key, lambda: secrets.token_bytes(1024))
+
+
+def write_secret(path: Path, make) -> bool:
+    """Create a 0600 file from a CSPRNG once; never overwrite, never print."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(make())
+    return True

@@ -1,0 +1,161 @@
+"""A real 1 head + 2 compute cluster of nspawn nodes: Slurm, munge, shared storage."""
+
+import base64
+import json
+import re
+import time
+from pathlib import Path
+
+from conftest import CONFIG, REPO, cb, on, run
+
+from clusterbake.config import load_config
+from clusterbake.providers.local.network import bridge_name, veth_name
+from clusterbake.state import StateDir
+
+
+def slurm_states():
+    out = on("head", "sinfo --noheader --Node --format='%N %t'").stdout
+    return dict(line.split() for line in out.splitlines())
+
+
+def wait_for(predicate, timeout=90.0, interval=0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def test_make_cluster_ends_with_idle_nodes(cluster):
+    assert "compute nodes idle" in cluster.stdout
+    assert slurm_states() == {"cpu-1": "idle", "cpu-2": "idle"}
+
+
+def test_srun_runs_on_both_nodes(cluster):
+    out = on("head", "srun -N2 hostname").stdout.split()
+    assert sorted(out) == ["cpu-1", "cpu-2"]
+
+
+def test_sbatch_as_user_writes_to_shared(cluster):
+    script = (
+        "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --output=/shared/ci-job-%j.out\n"
+        "srun bash -c 'echo \"$(hostname) $(id -un)\" > /shared/ci-$(hostname).txt'\n"
+    )
+    on("head", "mkdir -p /shared && chmod 1777 /shared")
+    submitted = on("head", f"cd /tmp && runuser -u researcher -- sbatch --parsable <<'EOF'\n{script}EOF").stdout.strip()
+    job_id = submitted.split(";")[0]
+    assert job_id.isdigit(), submitted
+
+    def finished():
+        out = on("head", f"scontrol show job {job_id}").stdout
+        match = re.search(r"JobState=(\S+)", out)
+        return match and match.group(1) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and match.group(1)
+
+    assert wait_for(finished, timeout=60) == "COMPLETED"
+    # /shared is the same directory on every node: read the results on cpu-1.
+    seen = on("cpu-1", "cat /shared/ci-cpu-1.txt /shared/ci-cpu-2.txt").stdout.split("\n")
+    assert seen[:2] == ["cpu-1 researcher", "cpu-2 researcher"]
+    owner = on("cpu-2", "stat -c %U:%u /shared/ci-cpu-1.txt").stdout.strip()
+    assert owner == "researcher:2001"
+
+
+def test_user_has_same_uid_everywhere(cluster):
+    for node in ("head", "cpu-1", "cpu-2"):
+        assert on(node, "id -u researcher").stdout.strip() == "2001"
+
+
+def test_munge_key_identical_private_and_unlogged(cluster):
+    sums = {node: on(node, "sha256sum /etc/munge/munge.key").stdout.split()[0] for node in ("head", "cpu-1", "cpu-2")}
+    assert len(set(sums.values())) == 1
+    assert on("cpu-1", "stat -c '%a %U:%G' /etc/munge/munge.key").stdout.strip() == "400 munge:munge"
+    # A credential made on a compute node decodes on the head: the key really is shared.
+    credential = on("cpu-2", "munge -n").stdout.strip()
+    assert "STATUS:          Success" in on("head", f"echo '{credential}' | unmunge").stdout
+    # The key never reaches a log: neither its bytes as hex nor as base64.
+    key = bytes.fromhex("".join(on("head", "od -An -tx1 -v /etc/munge/munge.key").stdout.split()))
+    cluster_dir = StateDir.for_config(load_config(CONFIG)).cluster("citest")
+    assert cluster_dir.munge_key.read_bytes() == key
+    assert (cluster_dir.munge_key.stat().st_mode & 0o777) == 0o600
+    logs = list(cluster_dir.logs.glob("*.log"))
+    assert logs
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert key[:24].hex() not in text and base64.b64encode(key[:48]).decode() not in text
+
+
+def test_second_make_cluster_changes_nothing(cluster):
+    before = on("head", "pidof slurmctld").stdout.strip()
+    slurmd_before = on("cpu-1", "pidof slurmd").stdout.strip()
+    again = run(["make", "cluster", f"CONFIG={CONFIG}"], timeout=600)
+    assert "0 changed tasks" in again.stdout, again.stdout + again.stderr
+    assert on("head", "pidof slurmctld").stdout.strip() == before
+    assert on("cpu-1", "pidof slurmd").stdout.strip() == slurmd_before
+
+
+def test_stopped_compute_node_rejoins_idle(cluster):
+    cb("node", "stop", "cpu-2")
+    status = json.loads(cb("cluster", "status", "--json").stdout)
+    assert {n["name"]: n["state"] for n in status["nodes"]}["cpu-2"] == "stopped"
+    cb("node", "start", "cpu-2")
+    assert wait_for(lambda: slurm_states().get("cpu-2") == "idle", timeout=120), slurm_states()
+    assert sorted(on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
+
+
+def test_status_json_reports_nodes(cluster):
+    status = json.loads(cb("cluster", "status", "--json").stdout)
+    assert [(n["name"], n["state"], n["slurm_state"]) for n in status["nodes"]] == [
+        ("head", "running", None),
+        ("cpu-1", "running", "idle"),
+        ("cpu-2", "running", "idle"),
+    ]
+    assert status["image"].startswith("clusterbake-debian-12-")
+
+
+def test_inventory_graph(cluster):
+    env = {"CLUSTERBAKE_CONFIG": str(CONFIG), "PATH": f"{REPO / '.venv/bin'}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    graph = run([str(REPO / ".venv/bin/ansible-inventory"), "-i", "inventories/local.py", "--graph"], env=env).stdout
+    assert "@slurm_head:" in graph and "head" in graph
+    assert "@nodegroup_cpu:" in graph and "cpu-1" in graph and "cpu-2" in graph
+
+
+def test_slurm_conf_is_managed_and_configless(cluster):
+    conf = on("head", "cat /etc/slurm/slurm.conf").stdout
+    assert "managed by clusterbake" in conf.lower()
+    assert "enable_configless" in conf
+    assert "NodeName=cpu-[1-2]" in conf
+    assert on("cpu-1", "test -e /etc/slurm/slurm.conf", check=False).returncode != 0
+
+
+def host_leftovers(cluster: str) -> dict[str, list[str]]:
+    """Everything of this cluster that could outlive a destroy on the host."""
+    netns = [p.name for p in Path("/run/netns").glob(f"cb-{cluster}-*")] if Path("/run/netns").exists() else []
+    links = [line.split(":")[1].strip() for line in run(["ip", "-o", "link"]).stdout.splitlines()]
+    ours = {bridge_name(cluster)} | {veth_name(cluster, n) for n in ("head", "cpu-1", "cpu-2")}
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    processes = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"systemd-nspawn") and f"--machine=cb-{cluster}-".encode() in b" ".join(argv):
+            processes.append(cmdline.parent.name)
+    cgroups = [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/clusterbake/cb-{cluster}-*")]
+    return {
+        "netns": netns,
+        "links": [name for name in links if name.split("@")[0] in ours],
+        "mounts": [m for m in mounts if f"/clusters/{cluster}/" in m],
+        "nspawn": processes,
+        "cgroups": cgroups,
+    }
+
+
+def test_destroy_leaves_a_clean_machine_and_can_run_twice(cluster):
+    assert host_leftovers("citest")["nspawn"], "the cluster should be running before destroy"
+    run(["make", "destroy", f"CONFIG={CONFIG}"], timeout=300)
+    assert host_leftovers("citest") == {"netns": [], "links": [], "mounts": [], "nspawn": [], "cgroups": []}
+    assert not StateDir.for_config(load_config(CONFIG)).cluster("citest").root.exists()
+    again = run(["make", "destroy", f"CONFIG={CONFIG}"], timeout=300)
+    assert "nothing to remove" in again.stderr

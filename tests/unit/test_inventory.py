@@ -1,0 +1,107 @@
+"""Inventory shape (docs/architecture.md): groups, hostvars, Slurm specs, group vars."""
+
+import json
+import subprocess
+
+from clusterbake.config import ClusterConfig
+from clusterbake.inventory import build_inventory
+from clusterbake.providers.local.network import node_addresses
+from clusterbake.topology import plan_nodes
+
+CONFIG = ClusterConfig.model_validate(
+    {
+        "cluster_name": "demo",
+        "node_groups": [
+            {"name": "cpu", "count": 2, "cpus": 4, "sockets": 2, "memory_mb": 8000},
+            {"name": "gpu-h100", "count": 1, "cpus": 8, "features": ["cuda"], "gres": ["gpu:h100:8"]},
+        ],
+        "partitions": [{"name": "batch", "node_groups": ["cpu", "gpu-h100"]}],
+        "users": [{"name": "alice", "uid": 2001}],
+    }
+)
+
+
+def inventory():
+    nodes = plan_nodes(CONFIG)
+    addresses = dict(zip([n.name for n in nodes], node_addresses("10.77.0.0/24", len(nodes)), strict=True))
+    return build_inventory(CONFIG, nodes, addresses)
+
+
+def test_node_names_and_addresses():
+    inv = inventory()
+    hostvars = inv["_meta"]["hostvars"]
+    assert list(hostvars) == ["head", "cpu-1", "cpu-2", "gpu-h100-1"]
+    assert [hostvars[h]["ansible_host"] for h in hostvars] == [
+        "10.77.0.10",
+        "10.77.0.11",
+        "10.77.0.12",
+        "10.77.0.13",
+    ]
+
+
+def test_groups_are_feature_switches():
+    inv = inventory()
+    assert inv["slurm_head"]["hosts"] == ["head"]
+    assert inv["slurm_compute"]["hosts"] == ["cpu-1", "cpu-2", "gpu-h100-1"]
+    assert inv["nodegroup_cpu"]["hosts"] == ["cpu-1", "cpu-2"]
+    assert inv["nodegroup_gpu_h100"]["hosts"] == ["gpu-h100-1"]
+    assert inv["cuda"]["hosts"] == ["gpu-h100-1"]
+    assert set(inv["all"]["children"]) >= {"slurm_head", "slurm_compute", "nodegroup_cpu", "cuda"}
+    # No group is named like a host.
+    assert not set(inv) & set(inv["_meta"]["hostvars"])
+
+
+def test_slurm_spec_hostvars():
+    hostvars = inventory()["_meta"]["hostvars"]
+    assert hostvars["cpu-1"]["clusterbake_slurm_node"] == {
+        "cpus": 4,
+        "sockets": 2,
+        "cores_per_socket": 2,
+        "threads_per_core": 1,
+        "real_memory": 8000,
+        "gres": [],
+        "features": ["cpu"],
+    }
+    gpu = hostvars["gpu-h100-1"]["clusterbake_slurm_node"]
+    assert gpu["gres"] == ["gpu:h100:8"] and gpu["features"] == ["gpu-h100", "cuda"]
+    assert hostvars["head"]["clusterbake_node_role"] == "head"
+    assert hostvars["cpu-2"]["clusterbake_nodegroup"] == "cpu"
+
+
+def test_group_vars_from_config():
+    variables = inventory()["all"]["vars"]
+    assert variables["clusterbake_cluster_name"] == "demo"
+    assert variables["clusterbake_partitions"] == [
+        {
+            "name": "batch",
+            "nodegroups": ["cpu", "gpu-h100"],
+            "default": True,
+            "max_time": "INFINITE",
+            "state": "UP",
+        }
+    ]
+    assert variables["clusterbake_users"][0]["gid"] == 2001
+    assert variables["slurm_proctrack_type"] == "proctrack/linuxproc"
+    assert variables["slurm_cgroup_enabled"] is False
+
+
+def test_inventory_script_protocol(repo, tmp_path):
+    """The executable script answers --list and --host (no nodes running: empty groups)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("cluster_name: inv-test\nnode_groups: [{name: cpu, count: 1}]\n")
+    env = {"PATH": "/usr/bin:/bin", "CLUSTERBAKE_CONFIG": str(config), "CLUSTERBAKE_STATE_DIR": str(tmp_path)}
+    listing = subprocess.run([repo / "inventories/local.py", "--list"], capture_output=True, text=True, env=env)
+    assert listing.returncode == 0, listing.stderr
+    data = json.loads(listing.stdout)
+    assert data["slurm_head"] == {"hosts": []} and data["_meta"] == {"hostvars": {}}
+    assert data["all"]["vars"]["clusterbake_cluster_name"] == "inv-test"
+    host = subprocess.run([repo / "inventories/local.py", "--host", "head"], capture_output=True, text=True, env=env)
+    assert host.returncode == 0 and json.loads(host.stdout) == {}
+
+
+def test_inventory_script_bad_config_exits_2(repo, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("cluster_name: x\n")
+    env = {"PATH": "/usr/bin:/bin", "CLUSTERBAKE_CONFIG": str(config)}
+    result = subprocess.run([repo / "inventories/local.py", "--list"], capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "node_groups: required" in result.stderr
