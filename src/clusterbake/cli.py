@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from clusterbake import cluster
-from clusterbake.config import DEFAULT_CONFIG, ClusterConfig, load_config
+from clusterbake.config import DEFAULT_CONFIG, ClusterConfig, extra_ca_files, load_config
 from clusterbake.errors import ClusterbakeError
 from clusterbake.providers import get_provider
 from clusterbake.state import StateDir
@@ -32,7 +32,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from clusterbake.image import build_image, extra_ca_files
+    from clusterbake.image import build_image
 
     config = _load(args)
     extra_ca_files(config)  # bad paths are input errors: fail before building anything

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from clusterbake.ansible import ansible_env, run_playbook
-from clusterbake.config import ClusterConfig
+from clusterbake.config import ClusterConfig, extra_ca_files
 from clusterbake.errors import ClusterbakeError
 from clusterbake.paths import repo_root
 from clusterbake.progress import phase, say
@@ -30,6 +30,7 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False) -
     provider = get_provider(config, state)
     summary: dict = {"cluster": config.cluster_name}
     provider.validate()
+    extra_ca_files(config)  # unresolvable globs are input errors, found before anything is created
     image = None
     if config.provider == "local":
         from clusterbake.image import find_image

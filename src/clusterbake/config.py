@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from glob import glob
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -208,6 +209,19 @@ def _unique(field: str, values: list, what: str = "name") -> None:
         if value in seen:
             raise ValueError(f"{field}: duplicate {what} '{value}'; each must be unique")
         seen.add(value)
+
+
+def extra_ca_files(config: ClusterConfig) -> list[str]:
+    files: list[str] = []
+    for index, pattern in enumerate(config.image.extra_ca_certificates):
+        matches = sorted(glob(pattern))
+        if not matches:
+            raise ConfigError(
+                f"image.extra_ca_certificates.{index}: '{pattern}' matches no file on this machine; "
+                "fix the path or remove the entry"
+            )
+        files += [str(Path(m).resolve()) for m in matches]
+    return files
 
 
 def load_config(path: str | Path) -> ClusterConfig:

@@ -18,14 +18,13 @@ import time
 import uuid
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from glob import glob
 from pathlib import Path
 
 import yaml
 
 from clusterbake import packer
-from clusterbake.config import ClusterConfig
-from clusterbake.errors import ClusterbakeError, ConfigError, MissingImageError
+from clusterbake.config import ClusterConfig, extra_ca_files
+from clusterbake.errors import ClusterbakeError, MissingImageError
 from clusterbake.paths import git_revision, repo_root
 from clusterbake.progress import phase, run_logged, say
 from clusterbake.providers.local import machines
@@ -56,19 +55,6 @@ def _digest(data: bytes) -> str:
 def base_key(config: ClusterConfig) -> str:
     spec = {"suite": SUITE[config.image.base], "mirror": config.image.mirror, "packages": BASE_PACKAGES}
     return _digest(json.dumps(spec, sort_keys=True).encode())[:16]
-
-
-def extra_ca_files(config: ClusterConfig) -> list[str]:
-    files: list[str] = []
-    for index, pattern in enumerate(config.image.extra_ca_certificates):
-        matches = sorted(glob(pattern))
-        if not matches:
-            raise ConfigError(
-                f"image.extra_ca_certificates.{index}: '{pattern}' matches no file on this machine; "
-                "fix the path or remove the entry"
-            )
-        files += [str(Path(m).resolve()) for m in matches]
-    return files
 
 
 def inputs_digest(config: ClusterConfig) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clusterbake.config import ClusterConfig
+from clusterbake.config import ClusterConfig, extra_ca_files
 from clusterbake.topology import NodeSpec
 
 
@@ -40,6 +40,8 @@ def cluster_vars(config: ClusterConfig) -> dict:
             for u in config.users
         ],
         "clusterbake_storage": [s.model_dump() for s in config.storage],
+        # The configure half keeps the same CAs the image was baked with.
+        "clusterbake_extra_ca_certificates": extra_ca_files(config),
         "slurm_proctrack_type": plugins["proctrack_type"],
         "slurm_task_plugin": plugins["task_plugin"],
         "slurm_jobacct_gather_type": plugins["jobacct_gather_type"],

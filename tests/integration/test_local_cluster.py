@@ -128,6 +128,40 @@ def test_slurm_conf_is_managed_and_configless(cluster):
     assert on("cpu-1", "test -e /etc/slurm/slurm.conf", check=False).returncode != 0
 
 
+def test_slurmd_restarts_after_a_crash(cluster):
+    before = on("cpu-1", "pidof slurmd").stdout.strip()
+    on("cpu-1", "kill -9 $(pidof slurmd)")
+    restarted = wait_for(lambda: on("cpu-1", "pidof slurmd", check=False).stdout.strip(), timeout=30)
+    assert restarted and restarted != before
+    assert wait_for(lambda: slurm_states().get("cpu-1") == "idle", timeout=60), slurm_states()
+
+
+def test_partition_change_reconfigures_without_restart(cluster, tmp_path):
+    """A slurm.conf change that needs no restart reaches Slurm by `scontrol reconfigure`."""
+    changed = tmp_path / "cluster.yaml"
+    changed.write_text(CONFIG.read_text().replace("default: true", "default: true\n    max_time: '30'"))
+    controller = on("head", "pidof slurmctld").stdout.strip()
+    slurmd = on("cpu-1", "pidof slurmd").stdout.strip()
+    try:
+        cb("cluster", "up", config=changed, timeout=600)
+        assert "MaxTime=00:30:00" in on("head", "scontrol show partition cpu").stdout
+        assert on("head", "pidof slurmctld").stdout.strip() == controller
+        assert on("cpu-1", "pidof slurmd").stdout.strip() == slurmd
+    finally:
+        cb("cluster", "up", timeout=600)
+    assert "MaxTime=UNLIMITED" in on("head", "scontrol show partition cpu").stdout
+
+
+def test_nodes_trust_the_extra_ca_certificates(cluster):
+    """The local default bakes the host's extra CA certificates into the image (PLATFORM.md: TLS)."""
+    host_cas = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
+    assert host_cas, "this host has no extra CA certificates to test with"
+    bundle = on("cpu-1", "cat /etc/ssl/certs/ca-certificates.crt").stdout
+    for ca in host_cas:
+        body = "".join(ca.read_text().split("-----")[2].split())
+        assert body[:64] in "".join(bundle.split()), f"{ca} is not trusted on the node"
+
+
 def host_leftovers(cluster: str) -> dict[str, list[str]]:
     """Everything of this cluster that could outlive a destroy on the host."""
     netns = [p.name for p in Path("/run/netns").glob(f"cb-{cluster}-*")] if Path("/run/netns").exists() else []
