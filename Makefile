@@ -45,8 +45,8 @@ destroy: venv ## Remove every node, network and mount of the cluster
 	$(CB) cluster down
 
 lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
-	$(VENV)/bin/ruff check src tests bench inventories
-	$(VENV)/bin/ruff format --check src tests bench inventories
+	$(VENV)/bin/ruff check src tests bench inventories roles/node_join/files/clusterbake-node-join
+	$(VENV)/bin/ruff format --check src tests bench inventories roles/node_join/files/clusterbake-node-join
 	$(VENV)/bin/yamllint -s .
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production ansible roles
 	packer fmt -check packer

@@ -53,6 +53,11 @@ class ClusterDir:
         return self.root / "secrets" / "munge.key"
 
     @property
+    def join_bundles(self) -> Path:
+        """Each node group's join bundle (holds the munge key: 0700 dir, 0600 files)."""
+        return self.root / "secrets" / "join"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 
@@ -98,6 +103,7 @@ class ClusterDir:
                 check=True,
             )
         write_secret(self.munge_key, lambda: secrets.token_bytes(1024))
+        self.join_bundles.mkdir(mode=0o700, exist_ok=True)
 
 
 def write_secret(path: Path, make) -> bool:

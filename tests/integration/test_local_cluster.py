@@ -3,6 +3,7 @@
 import base64
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -150,6 +151,21 @@ def test_partition_change_reconfigures_without_restart(cluster, tmp_path):
     finally:
         cb("cluster", "up", timeout=600)
     assert "MaxTime=UNLIMITED" in on("head", "scontrol show partition cpu").stdout
+
+
+def test_a_fresh_compute_node_joins_by_itself(cluster):
+    """Scale-out path: a node with no state of its own boots from the image plus its
+    group's join bundle and becomes idle in Slurm with no Ansible run."""
+    cluster_dir = StateDir.for_config(load_config(CONFIG)).cluster("citest")
+    cb("node", "stop", "cpu-2")
+    shutil.rmtree(cluster_dir.node("cpu-2"))
+    logs_before = sorted(cluster_dir.logs.iterdir())
+    cb("node", "start", "cpu-2")
+    assert wait_for(lambda: slurm_states().get("cpu-2") == "idle", timeout=120), slurm_states()
+    assert sorted(cluster_dir.logs.iterdir()) == logs_before, "an Ansible run happened"
+    assert on("cpu-2", "id -u researcher").stdout.strip() == "2001"
+    assert on("cpu-2", "stat -c '%a %U' /etc/munge/munge.key").stdout.strip() == "400 munge"
+    assert sorted(on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
 
 
 def test_nodes_trust_the_extra_ca_certificates(cluster):

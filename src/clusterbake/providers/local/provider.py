@@ -94,6 +94,7 @@ class LocalProvider(Provider):
         paths = self._paths(name)
         machines.mount_overlay(image_root, paths)
         self._personalize(name, paths.root)
+        self._hand_over_join_bundle(name, paths.root)
         argv = machines.nspawn_argv(self.machine_name(name), name, paths.root, netns, self._binds())
         machines.spawn(argv, self.machine_name(name), paths.console_log)
 
@@ -133,6 +134,18 @@ class LocalProvider(Provider):
         (root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
         marker.write_text(f"{self.config.cluster_name}/{name}\n")
 
+    def _hand_over_join_bundle(self, name: str, root: Path) -> None:
+        """A compute node that boots with its group's bundle joins by itself (no Ansible run)."""
+        node = self.node(name)
+        bundle = self.cluster.join_bundles / f"{node.nodegroup}.json"
+        if node.role != "compute" or not bundle.exists():
+            return
+        target = root / "etc" / "clusterbake" / "node-join.json"
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(bundle.read_bytes())
+
     def _write_known_hosts(self) -> None:
         lines = []
         for name, address in self.addresses().items():
@@ -167,6 +180,7 @@ class LocalProvider(Provider):
         if self.machine_name(name) in machines.find_machines(self.machine_prefix):
             return
         self._start(name)
+        self._write_known_hosts()  # a node started from scratch has new host keys
         self.wait_ssh([name])
 
     def stop_node(self, name: str) -> None:
@@ -234,6 +248,7 @@ class LocalProvider(Provider):
             "ansible_ssh_private_key_file": str(self.cluster.ssh_key),
             "ansible_ssh_common_args": " ".join(self._ssh_options()),
             "munge_key_file": str(self.cluster.munge_key),
+            "node_join_controller_dir": str(self.cluster.join_bundles),
         }
 
     def _ssh_options(self) -> list[str]:
