@@ -7,9 +7,10 @@ VENV := .venv
 CB := $(VENV)/bin/clusterbake --config $(CONFIG)
 HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client python3-venv git rsync
 STAMP_VENV := $(VENV)/.installed
+PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join
 
 .DEFAULT_GOAL := help
-.PHONY: help deps venv validate image cluster status destroy lint test test-unit test-integration bench
+.PHONY: help deps venv validate image cluster job status destroy lint test test-unit test-integration bench
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -38,6 +39,12 @@ image: deps venv ## Build the node image (reused when inputs are unchanged; FORC
 cluster: deps venv ## Boot and configure the cluster; ends with every compute node idle
 	$(CB) cluster up
 
+JOB_NAME ?= example-$(shell date +%Y%m%d-%H%M%S)
+STEPS ?= 60
+job: venv ## Train the DeepSpeed example on all compute nodes; summary; non-zero if it failed
+	$(CB) job submit deepspeed --nodes all --upload examples/deepspeed --job-name $(JOB_NAME) --wait -- \
+	  /shared/deepspeed/train.py --deepspeed_config /shared/deepspeed/ds_config.json --steps $(STEPS)
+
 status: venv ## Nodes and their Slurm state
 	$(CB) cluster status
 
@@ -45,8 +52,8 @@ destroy: venv ## Remove every node, network and mount of the cluster
 	$(CB) cluster down
 
 lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
-	$(VENV)/bin/ruff check src tests bench inventories roles/node_join/files/clusterbake-node-join
-	$(VENV)/bin/ruff format --check src tests bench inventories roles/node_join/files/clusterbake-node-join
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/yamllint -s .
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production ansible roles
 	packer fmt -check packer

@@ -76,7 +76,7 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 
 def cmd_ssh(args: argparse.Namespace) -> int:
     provider = get_provider(_load(args))
-    command = [c for c in args.command if c != "--"] if args.command[:1] == ["--"] else args.command
+    command = args.extra or args.command
     argv = provider.ssh_argv(args.node, command, tty=sys.stdin.isatty() and not command)
     return subprocess.run(argv).returncode
 
@@ -89,6 +89,40 @@ def cmd_node(args: argparse.Namespace) -> int:
         provider.start_node(args.name)
     print(f"node {args.name}: {'stopped' if args.action == 'stop' else 'running'}")
     return 0
+
+
+def cmd_job_submit(args: argparse.Namespace) -> int:
+    from clusterbake import jobs
+
+    config = _load(args)
+    extra = args.extra
+    head, job_id, output = jobs.submit(
+        config,
+        args.template,
+        nodes=args.nodes,
+        partition=args.partition,
+        user=args.user,
+        job_name=args.job_name,
+        upload_dir=Path(args.upload) if args.upload else None,
+        args=extra,
+    )
+    print(f"submitted job {job_id} (output: {output})", flush=True)
+    if not args.wait:
+        return 0
+    final = jobs.follow(head, job_id, output)
+    _, text, mismatch = jobs.report(head, job_id)
+    print(f"--- job {job_id}: {final.state}, exit status {final.exit_code}")
+    print(text)
+    return final.exit_code or mismatch
+
+
+def cmd_job_report(args: argparse.Namespace) -> int:
+    from clusterbake import jobs
+
+    head = jobs.Head(get_provider(_load(args)))
+    data, text, status = jobs.report(head, args.job_id)
+    print(json.dumps(data, indent=2) if args.json else text)
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,8 +150,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     ssh = sub.add_parser("ssh", help="run a command on a node (head answers to `head`)")
     ssh.add_argument("node")
-    ssh.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
+    ssh.add_argument("command", nargs="*", help="the command (after --)")
     ssh.set_defaults(func=cmd_ssh)
+
+    job = sub.add_parser("job", help="submit job templates and report on jobs").add_subparsers(
+        dest="job_command", required=True
+    )
+    submit = job.add_parser("submit", help="copy a job template to the cluster and sbatch it")
+    submit.add_argument("template", help="a file, or a name from scripts/jobs (deepspeed, hello-distributed, ...)")
+    submit.add_argument("--nodes", help="node count or `all` (default: all nodes of the partition)")
+    submit.add_argument("--partition", help="default: the default partition")
+    submit.add_argument("--user", help="run as this cluster user (default: the config's first user)")
+    submit.add_argument("--job-name", help="default: the template's name; names the checkpoint directory")
+    submit.add_argument("--upload", metavar="DIR", help="copy DIR to /shared/<its name> first")
+    submit.add_argument("--wait", action="store_true", help="stream the output; exit with the job's status")
+    submit.epilog = "Arguments after -- go to the template (e.g. the training script and its flags)."
+    submit.set_defaults(func=cmd_job_submit)
+    rep = job.add_parser("report", help="training summary and the transport the job really used")
+    rep.add_argument("job_id")
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(func=cmd_job_report)
 
     node = sub.add_parser("node", help="stop or start one node")
     node.add_argument("action", choices=["start", "stop"])
@@ -127,7 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` belongs to the remote command or template.
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
+    args.extra = extra
     try:
         return args.func(args)
     except ClusterbakeError as exc:

@@ -29,6 +29,7 @@ from clusterbake.paths import git_revision, repo_root
 from clusterbake.progress import phase, run_logged, say
 from clusterbake.providers.local import machines
 from clusterbake.state import StateDir
+from clusterbake.wheelhouse import ensure_wheelhouse, wheelhouse_key
 
 SUITE = {"debian-12": "bookworm"}
 # What a node needs before Ansible can reach it (python3-apt: Ansible's apt module;
@@ -62,14 +63,26 @@ def inputs_digest(config: ClusterConfig) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(config.image.model_dump(), sort_keys=True).encode())
     h.update(base_key(config).encode())
+    h.update(" ".join(builder_groups(config)).encode())
+    if "train" in builder_groups(config):
+        h.update(wheelhouse_key().encode())
     for ca in extra_ca_files(config):
         h.update(Path(ca).read_bytes())
     root = repo_root()
     for directory in INPUT_DIRS:
         for path in sorted((root / directory).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and not path.name.startswith(".packer"):
+            # Documentation does not change the image; a README edit must not force a rebuild.
+            if path.suffix == ".md" or "__pycache__" in path.parts or path.name.startswith(".packer"):
+                continue
+            if path.is_file():
                 h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
+
+
+def builder_groups(config: ClusterConfig) -> list[str]:
+    """The builder joins every group a node of the config will be in: features switch components on."""
+    features = sorted({f.replace("-", "_") for group in config.node_groups for f in group.features})
+    return ["slurm_head", "slurm_compute", *features]
 
 
 class ImageStore:
@@ -233,6 +246,11 @@ def build_image(config: ClusterConfig, state: StateDir, force: bool = False) -> 
     say(f"    log: {log_file}")
     with phase("base rootfs (debootstrap, cached)"):
         base = ensure_base(config, state, log_file)
+    groups = builder_groups(config)
+    wheelhouse = None
+    if "train" in groups:
+        with phase("training wheelhouse (torch, DeepSpeed; cached)"):
+            wheelhouse = ensure_wheelhouse(state.cache, log_file)
     build_dir = store.dir / f"{name}.build"
     try:
         with phase("builder node"):
@@ -243,15 +261,14 @@ def build_image(config: ClusterConfig, state: StateDir, force: bool = False) -> 
             port = _free_port()
             _prepare_builder(build_dir / "rootfs", config, port, key)
             vars_file = build_dir / "image-vars.yml"
-            vars_file.write_text(
-                yaml.safe_dump(
-                    {
-                        "common_package_pins": dict(config.image.package_pins),
-                        "clusterbake_extra_ca_certificates": extra_ca_files(config),
-                        "clusterbake_image_name": name,
-                    }
-                )
-            )
+            image_vars = {
+                "common_package_pins": dict(config.image.package_pins),
+                "clusterbake_extra_ca_certificates": extra_ca_files(config),
+                "clusterbake_image_name": name,
+            }
+            if wheelhouse:
+                image_vars["training_env_wheelhouse"] = str(wheelhouse)
+            vars_file.write_text(yaml.safe_dump(image_vars))
         with builder_node(build_dir / "rootfs", log_dir, port), phase("packer build (ansible/image.yml)"):
             packer.build(
                 repo_root() / "packer",
@@ -260,6 +277,7 @@ def build_image(config: ClusterConfig, state: StateDir, force: bool = False) -> 
                     "builder_ssh_private_key_file": str(key),
                     "image_vars_file": str(vars_file),
                     "ansible_playbook_command": str(Path(sys.executable).with_name("ansible-playbook")),
+                    "ansible_groups": json.dumps(groups),
                 },
                 log_file,
                 only="null.local",

@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterbake.errors import ClusterbakeError
+from clusterbake.errors import ClusterbakeError, CommandFailed
 from clusterbake.progress import run_logged, say
 
 
@@ -81,11 +81,18 @@ def build(
                     say(f"    {match.group(1).lower()}: {match.group(2)}")
                 elif parsed.data[0] in ("say", "error"):
                     say(f"    {chunk.strip()}")
-            if parsed.data[0] == "error":
+            if parsed.data[0] == "error" or "fatal:" in text or "[ERROR]" in text:
                 result.errors.append(text)
         elif parsed.kind == "artifact" and len(parsed.data) >= 3:
             index, key, value = parsed.data[0], parsed.data[1], ",".join(parsed.data[2:])
             result.artifacts.setdefault(index, {})[key] = value
 
-    run_logged(argv, log_file, env={**os.environ, **(env or {})}, on_line=on_line, what="packer build")
+    try:
+        run_logged(argv, log_file, env={**os.environ, **(env or {})}, on_line=on_line, what="packer build")
+    except CommandFailed as exc:
+        # The provisioner's own error is far above packer's closing lines.
+        fatal = [e.strip() for e in result.errors if "fatal:" in e or "FAILED!" in e or "[ERROR]" in e]
+        if fatal:
+            raise CommandFailed(f"{exc}\nprovisioner errors:\n" + "\n".join(fatal[:5]), exc.log_file) from None
+        raise
     return result

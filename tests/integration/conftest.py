@@ -32,9 +32,9 @@ def cb(*args, config=CONFIG, **kwargs):
     return run([*CB, "--config", str(config), *args], **kwargs)
 
 
-def on(node, command, **kwargs):
-    """Run a shell command on a node of the test cluster (via `clusterbake ssh`)."""
-    return cb("ssh", node, "--", command, **kwargs)
+def on(node, command, config=CONFIG, **kwargs):
+    """Run a shell command on a node of a test cluster (via `clusterbake ssh`)."""
+    return cb("ssh", node, "--", command, config=config, **kwargs)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -69,6 +69,10 @@ class LocalProvider(Provider):
         self.cluster.ensure_secrets()
         for directory in self._binds().values():
             directory.mkdir(parents=True, exist_ok=True)
+        # Shared storage is like /tmp: every user can create their own directories
+        # (checkpoints, job logs); the sticky bit keeps them theirs.
+        for mount in self.config.storage:
+            self.cluster.storage(mount.name).chmod(0o1777)
         self.cluster.write_state(
             {
                 "cluster": self.config.cluster_name,
@@ -141,7 +145,7 @@ class LocalProvider(Provider):
         if node.role != "compute" or not bundle.exists():
             return
         target = root / "etc" / "clusterbake" / "node-join.json"
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(bundle.read_bytes())
@@ -249,6 +253,7 @@ class LocalProvider(Provider):
             "ansible_ssh_common_args": " ".join(self._ssh_options()),
             "munge_key_file": str(self.cluster.munge_key),
             "node_join_controller_dir": str(self.cluster.join_bundles),
+            "fabric_socket_ifname": "host0",
         }
 
     def _ssh_options(self) -> list[str]:

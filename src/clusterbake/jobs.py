@@ -1,0 +1,203 @@
+"""Submit job templates from the workstation, follow them, report on them.
+
+Everything goes through the head node over SSH (the provider's ssh_argv), so the
+same code serves the local cluster and cloud clusters. Jobs run as a cluster
+user (the config's first user unless --user says otherwise), never as root by
+accident.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterbake.config import ClusterConfig
+from clusterbake.errors import ClusterbakeError, ConfigError
+from clusterbake.job_report import detect_transport, format_report, training_summary
+from clusterbake.paths import repo_root
+from clusterbake.progress import say
+from clusterbake.providers import get_provider
+from clusterbake.providers.base import Provider
+
+JOBS_DIR = "/shared/jobs"
+TERMINAL = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT",
+}  # fmt: skip
+
+
+@dataclass
+class JobState:
+    state: str
+    exit_code: int
+    stdout: str | None
+    restarts: int
+
+
+class Head:
+    """Commands on the head node."""
+
+    def __init__(self, provider: Provider):
+        self.provider = provider
+
+    def run(self, command: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            self.provider.ssh_argv("head", [command]), input=stdin, capture_output=True, timeout=120
+        )
+        if check and result.returncode != 0:
+            raise ClusterbakeError(
+                f"on the head node: {command.split(chr(10))[0][:120]} failed: "
+                f"{result.stderr.decode(errors='replace').strip()}"
+            )
+        return result
+
+    def text(self, command: str) -> str:
+        return self.run(command).stdout.decode(errors="replace")
+
+
+def resolve_template(template: str) -> Path:
+    path = Path(template)
+    if path.is_file():
+        return path
+    name = template if template.endswith(".sbatch") else f"{template}.sbatch"
+    candidate = repo_root() / "scripts" / "jobs" / name
+    if candidate.is_file():
+        return candidate
+    known = ", ".join(sorted(p.stem for p in (repo_root() / "scripts" / "jobs").glob("*.sbatch")))
+    raise ConfigError(f"job template '{template}': no such file and not one of {known}")
+
+
+def job_user(config: ClusterConfig, user: str | None) -> str:
+    if user:
+        if user != "root" and user not in {u.name for u in config.users}:
+            raise ConfigError(f"--user {user}: not a user of the config (users: {[u.name for u in config.users]})")
+        return user
+    return config.users[0].name if config.users else "root"
+
+
+def partition_nodes(config: ClusterConfig, partition: str | None) -> tuple[str, int]:
+    parts = config.effective_partitions()
+    chosen = next((p for p in parts if p.name == partition), None) if partition else next(p for p in parts if p.default)
+    if chosen is None:
+        raise ConfigError(f"--partition {partition}: no such partition (partitions: {[p.name for p in parts]})")
+    groups = {g.name: g.count for g in config.node_groups}
+    return chosen.name, sum(groups[name] for name in chosen.node_groups)
+
+
+def upload(head: Head, directory: Path, user: str) -> str:
+    """Copy a directory to /shared/<name> on the cluster, owned by the job's user."""
+    if not directory.is_dir():
+        raise ConfigError(f"--upload {directory}: not a directory")
+    target = f"/shared/{directory.resolve().name}"
+    with tempfile.TemporaryFile() as buffer:
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            tar.add(directory, arcname=".", filter=lambda info: None if "__pycache__" in info.name else info)
+        buffer.seek(0)
+        head.run(
+            f"mkdir -p {target} && tar -x --no-same-owner -C {target} && chown -R {shlex.quote(user)}: {target}",
+            stdin=buffer.read(),
+        )
+    return target
+
+
+def submit(
+    config: ClusterConfig,
+    template: str,
+    *,
+    nodes: str | None = None,
+    partition: str | None = None,
+    user: str | None = None,
+    job_name: str | None = None,
+    upload_dir: Path | None = None,
+    args: list[str] | None = None,
+) -> tuple[Head, str, str]:
+    """Submit a template; returns (head, job id, output file)."""
+    script = resolve_template(template)
+    run_as = job_user(config, user)
+    part, part_nodes = partition_nodes(config, partition)
+    count = part_nodes if nodes in (None, "all") else int(nodes)
+    if count < 1 or count > part_nodes:
+        raise ConfigError(f"--nodes {nodes}: partition {part} has {part_nodes} nodes")
+    head = Head(get_provider(config))
+    if upload_dir:
+        say(f"    uploaded {upload_dir} to {upload(head, upload_dir, run_as)}")
+    name = job_name or script.stem
+    remote_script = f"{JOBS_DIR}/{name}.sbatch"
+    owner = shlex.quote(run_as)
+    head.run(
+        f"mkdir -p {JOBS_DIR} && chmod 1777 {JOBS_DIR} && cat > {remote_script} && chown {owner}: {remote_script}",
+        stdin=script.read_bytes(),
+    )
+    output = f"{JOBS_DIR}/%x-%j.out"
+    sbatch = [
+        "sbatch", "--parsable", f"--job-name={name}", f"--partition={part}", f"--nodes={count}",
+        f"--output={output}", remote_script, *(args or []),
+    ]  # fmt: skip
+    job_id = head.text(f"cd {JOBS_DIR} && runuser -u {owner} -- {shlex.join(sbatch)}").strip().split(";")[0]
+    if not job_id.isdigit():
+        raise ClusterbakeError(f"sbatch did not return a job id: {job_id!r}")
+    return head, job_id, output.replace("%x", name).replace("%j", job_id)
+
+
+def job_state(head: Head, job_id: str) -> JobState | None:
+    result = head.run(f"scontrol show job -o {job_id}", check=False)
+    if result.returncode != 0:
+        return None
+    fields = dict(re.findall(r"(\w+)=(\S*)", result.stdout.decode(errors="replace")))
+    code, _, signal = fields.get("ExitCode", "0:0").partition(":")
+    exit_code = int(code) if int(code or 0) else (128 + int(signal) if int(signal or 0) else 0)
+    return JobState(fields.get("JobState", "UNKNOWN"), exit_code, fields.get("StdOut"), int(fields.get("Restarts", 0)))
+
+
+def follow(head: Head, job_id: str, output: str, poll: float = 1.0, stream=sys.stdout) -> JobState:
+    """Stream the job's output until it ends (a requeued job is followed on)."""
+    offset = 0
+    last: JobState | None = None
+    while True:
+        state = job_state(head, job_id)
+        chunk = head.run(f"tail -c +{offset + 1} {shlex.quote(output)} 2>/dev/null", check=False).stdout
+        if chunk:
+            offset += len(chunk)
+            stream.write(chunk.decode(errors="replace"))
+            stream.flush()
+        if state is None:
+            if last is None:
+                raise ClusterbakeError(f"job {job_id} is unknown to slurmctld")
+            return last
+        if state.state != (last.state if last else None):
+            say(f"    job {job_id}: {state.state}" + (f" (restart {state.restarts})" if state.restarts else ""))
+        last = state
+        if state.state in TERMINAL:
+            time.sleep(poll)  # let the last lines reach the shared filesystem
+            tail = head.run(f"tail -c +{offset + 1} {shlex.quote(output)} 2>/dev/null", check=False).stdout
+            stream.write(tail.decode(errors="replace"))
+            stream.flush()
+            return state
+        time.sleep(poll)
+
+
+def job_log(head: Head, job_id: str) -> str:
+    state = job_state(head, job_id)
+    path = state.stdout if state and state.stdout else None
+    if not path:
+        found = head.text(f"ls -1 {JOBS_DIR}/*-{job_id}.out 2>/dev/null || true").split()
+        if not found:
+            raise ClusterbakeError(f"no log for job {job_id}: not in slurmctld any more and not in {JOBS_DIR}")
+        path = found[0]
+    return head.text(f"cat {shlex.quote(path)}")
+
+
+def report(head: Head, job_id: str) -> tuple[dict, str, int]:
+    """(report dict, text, exit status: 0 ok, 4 fabric mismatch)."""
+    log = job_log(head, job_id)
+    summary = training_summary(log)
+    transport = detect_transport(log)
+    text = format_report(summary, transport)
+    return {"job": job_id, "training": summary, "transport": transport.as_dict()}, text, 4 if transport.mismatch else 0

@@ -1,0 +1,127 @@
+"""The researchers' path on a real cluster: DeepSpeed across nodes with sbatch,
+checkpoint and requeue, clear failures, and a report that names the transport."""
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cb, on, run
+
+from clusterbake.job_report import events
+
+CONFIG = Path(__file__).with_name("training.yaml")
+TRAIN = ["/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json"]
+
+
+def tcb(*args, **kwargs):
+    return cb(*args, config=CONFIG, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def training_cluster(image):
+    tcb("cluster", "up", timeout=600)
+    yield
+    tcb("cluster", "down", timeout=300)
+
+
+def job_state(job_id: str) -> str:
+    out = on("head", f"scontrol show job -o {job_id}", config=CONFIG, check=False).stdout
+    match = re.search(r"JobState=(\S+)", out)
+    return match.group(1) if match else "GONE"
+
+
+def test_example_trains_across_two_nodes(training_cluster):
+    result = tcb(
+        "job", "submit", "deepspeed", "--nodes", "2", "--upload", str(REPO / "examples/deepspeed"),
+        "--job-name", "ci-example", "--wait", "--", *TRAIN, "--steps", "30", "--checkpoint-every", "10",
+        timeout=900,
+    )  # fmt: skip
+    found = events(result.stdout)
+    init = next(e for e in found if e["event"] == "init")
+    done = next(e for e in found if e["event"] == "done")
+    assert init["world_size"] == 2 and sorted(init["hosts"]) == ["cpu-1", "cpu-2"]
+    assert done["steps"] == 30
+    assert done["final_loss"] < done["first_loss"]
+    # The summary names the transport the collective library used.
+    assert "transport: gloo over TCP" in result.stdout
+    assert "[fabric tcp]" in result.stdout
+    job_id = re.search(r"submitted job (\d+)", result.stdout).group(1)
+    report = json.loads(tcb("job", "report", job_id, "--json").stdout)
+    assert report["transport"]["transport"] == "gloo-tcp" and not report["transport"]["mismatch"]
+    assert report["training"]["completed"] and report["training"]["world_size"] == 2
+    assert on("cpu-1", "ls /shared/checkpoints/ci-example", config=CONFIG).stdout.split().count("latest") == 1
+
+
+def test_requeued_job_resumes_from_its_checkpoint(training_cluster):
+    submitted = tcb(
+        "job", "submit", "deepspeed", "--nodes", "2", "--upload", str(REPO / "examples/deepspeed"),
+        "--job-name", "ci-requeue", "--", *TRAIN, "--steps", "40", "--checkpoint-every", "10",
+    ).stdout  # fmt: skip
+    job_id = re.search(r"submitted job (\d+)", submitted).group(1)
+    output = f"/shared/jobs/ci-requeue-{job_id}.out"
+
+    def first_checkpoint_written() -> bool:
+        log = on("head", f"cat {output} 2>/dev/null || true", config=CONFIG).stdout
+        return any(e["event"] == "checkpoint" for e in events(log))
+
+    deadline = time.monotonic() + 300
+    while not first_checkpoint_written():
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        assert job_state(job_id) in ("PENDING", "RUNNING", "CONFIGURING"), job_state(job_id)
+        time.sleep(1)
+    on("head", f"scontrol requeue {job_id}", config=CONFIG)
+    deadline = time.monotonic() + 600
+    while job_state(job_id) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE"):
+        assert time.monotonic() < deadline, "requeued job did not finish"
+        time.sleep(2)
+    assert job_state(job_id) in ("COMPLETED", "GONE")
+    log = on("head", f"cat {output}", config=CONFIG).stdout
+    found = events(log)
+    checkpoints = [e["step"] for e in found if e["event"] == "checkpoint"]
+    resumed = next(e for e in found if e["event"] == "resumed")
+    done = next(e for e in found if e["event"] == "done")
+    assert resumed["step"] in checkpoints and resumed["step"] >= 10
+    assert done["steps"] == 40
+    # No more than one checkpoint interval redone: the last step before the requeue
+    # is at most 10 past the checkpoint the job resumed from.
+    first_run = log.split("(restart 1)")[0]
+    last_step_before = max(e["step"] for e in events(first_run) if e["event"] == "step")
+    assert last_step_before - resumed["step"] <= 10
+
+
+def test_node_group_without_training_environment_fails_clearly(training_cluster):
+    result = tcb(
+        "job", "submit", "deepspeed", "--partition", "util", "--upload", str(REPO / "examples/deepspeed"),
+        "--job-name", "ci-util", "--wait", "--", *TRAIN, "--steps", "5",
+        check=False, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "no training environment on util-1" in result.stdout
+    assert "lacks the train feature" in result.stdout
+
+
+def test_bad_deepspeed_config_fails_clearly(training_cluster):
+    on("head", "printf '{\"train_micro_batch_size_per_gpu\": ' > /shared/bad_ds.json", config=CONFIG)
+    result = tcb(
+        "job", "submit", "deepspeed", "--nodes", "2", "--job-name", "ci-badconfig", "--wait", "--",
+        "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/bad_ds.json", "--steps", "5",
+        check=False, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "clusterbake: bad DeepSpeed config /shared/bad_ds.json" in result.stdout
+
+
+def test_make_job_prints_a_summary_and_fails_on_failure(training_cluster):
+    ok = run(["make", "job", f"CONFIG={CONFIG}", "STEPS=12", "JOB_NAME=ci-make-job"], timeout=900)
+    assert re.search(r"training: 12 steps, loss [\d.]+ -> [\d.]+, \d+ tokens/s", ok.stdout)
+    assert "nodes: cpu-1, cpu-2" in ok.stdout and "checkpoint: /shared/checkpoints/ci-make-job/" in ok.stdout
+    failed = run(["make", "job", f"CONFIG={CONFIG}", "STEPS=0", "JOB_NAME=ci-make-job-bad"], check=False, timeout=600)
+    assert failed.returncode != 0
+
+
+def test_hello_distributed_all_reduce(training_cluster):
+    result = tcb("job", "submit", "hello-distributed", "--nodes", "2", "--wait", timeout=300)
+    hello = [e for e in events(result.stdout) if e["event"] == "hello"]
+    assert len(hello) == 2 and all(e["ok"] and e["sum"] == 1.0 for e in hello)
