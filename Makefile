@@ -68,5 +68,6 @@ test-unit: venv ## Unit tests only
 test-integration: deps venv ## Integration tests on a real local cluster
 	$(VENV)/bin/pytest -v tests/integration
 
-bench: deps venv ## Bring-up benchmark (JSON in bench/results/)
+bench: deps venv ## Bring-up and training benchmarks (JSON in bench/results/)
 	$(VENV)/bin/python bench/bringup.py
+	$(VENV)/bin/python bench/training.py

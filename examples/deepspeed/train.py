@@ -235,7 +235,8 @@ def stale_request(path: Path, started_at: float) -> bool:
 
 
 def format_event(event: str, **fields: object) -> str:
-    return f"{EVENT_PREFIX} " + json.dumps({"event": event, **fields}, sort_keys=False)
+    # Wall-clock time on every event: bench/training.py measures sbatch -> first step.
+    return f"{EVENT_PREFIX} " + json.dumps({"event": event, "time": round(time.time(), 3), **fields}, sort_keys=False)
 
 
 def mean(values: list[float]) -> float | None:

@@ -46,7 +46,7 @@ BASE_PACKAGES = [
     "ca-certificates",
     "procps",
 ]
-INPUT_DIRS = ("ansible", "roles", "packer")
+INPUT_DIRS = ("ansible", "roles", "packer", "scripts/jobs")
 
 
 def _digest(data: bytes) -> str:
