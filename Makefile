@@ -1,7 +1,9 @@
 # clusterbake: `make image && make cluster` on one Debian 12 machine (as root).
-# CONFIG=path selects another cluster config; FORCE=1 rebuilds the image.
+# CONFIG=path selects another cluster config; FORCE=1 rebuilds the image;
+# PROVIDER=aws uses examples/aws-p5.yaml unless CONFIG says otherwise.
 
-CONFIG ?= clusterbake.yaml
+PROVIDER ?= local
+CONFIG ?= $(if $(filter aws,$(PROVIDER)),examples/aws-p5.yaml,clusterbake.yaml)
 PYTHON ?= python3
 VENV := .venv
 CB := $(VENV)/bin/clusterbake --config $(CONFIG)

@@ -18,21 +18,10 @@ variable "builder_ssh_private_key_file" {
   description = "Private key the builder node authorizes for root."
 }
 
-variable "ansible_playbook_command" {
-  type        = string
-  default     = "ansible-playbook"
-  description = "ansible-playbook from the project's venv."
-}
-
 variable "ansible_groups" {
   type        = list(string)
   default     = ["slurm_head", "slurm_compute"]
   description = "Inventory groups of the builder: they switch components on (features as groups)."
-}
-
-variable "image_vars_file" {
-  type        = string
-  description = "YAML file of image-time variables (package pins, extra CA certificates)."
 }
 
 source "null" "local" {

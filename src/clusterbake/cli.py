@@ -32,12 +32,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from clusterbake.image import build_image
-
     config = _load(args)
     extra_ca_files(config)  # bad paths are input errors: fail before building anything
-    if config.provider != "local":
-        raise ClusterbakeError(f"image build for provider {config.provider} is not available yet")
+    if config.provider == "aws":
+        from clusterbake.packer_aws import DEFAULT_FEATURES, build_aws_image
+
+        features = {*DEFAULT_FEATURES, *(f for group in config.node_groups for f in group.features)}
+        settings = {
+            "region": config.aws.region,
+            "base": config.image.base,
+            "subnet_id": config.aws.subnet_id,
+            "features": sorted(features),
+            "package_pins": dict(config.image.package_pins),
+            "extra_ca_certificates": extra_ca_files(config),
+        }
+        build_aws_image(settings, StateDir.for_config(config).root, force=args.force)
+        return 0
+    from clusterbake.image import build_image
+
     build_image(config, StateDir.for_config(config), force=args.force)
     return 0
 
@@ -49,6 +61,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             f"cluster {summary['cluster']} is up: {len(summary['slurm'])} compute nodes idle, "
             f"{summary['changed']} changed tasks"
         )
+    else:
+        print(f"cluster {summary['cluster']}: {summary['nodes']} nodes provisioned (--provision-only: not configured)")
     return 0
 
 

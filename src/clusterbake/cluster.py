@@ -18,7 +18,7 @@ from clusterbake.providers.base import Provider
 from clusterbake.state import StateDir
 
 IDLE_TIMEOUT = 90.0
-INVENTORY_SCRIPTS = {"local": "local.py"}
+INVENTORY_SCRIPTS = {"local": "local.py", "aws": "aws_ec2.py"}
 
 
 def _stamp() -> str:
@@ -36,17 +36,23 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False) -
         from clusterbake.image import find_image
 
         image = find_image(config, state)
+    elif config.provider == "aws":
+        from clusterbake.providers.aws.ami import find_ami
+
+        image = find_ami(config, state)
     created = not provider.cluster.exists()
     with phase(f"provision {len(provider.nodes)} nodes ({config.provider})"):
         try:
             provider.provision(image)
         except BaseException:
-            if created:
+            if created and provider.destroy_after_failed_first_provision:
                 say("    provisioning failed: removing what this run created")
                 provider.destroy()
             raise
+    summary["nodes"] = len(provider.nodes)
     if provision_only:
         return summary
+    provider.wait_ready()
     log_file = provider.cluster.logs / f"cluster-up-{_stamp()}.log"
     with phase("configure (ansible/cluster.yml)"):
         say(f"    log: {log_file}")

@@ -36,9 +36,9 @@ class Strict(BaseModel):
 
 
 class ImageConfig(Strict):
-    base: Literal["debian-12"] = Field(
+    base: Literal["debian-12", "ubuntu-22.04", "ubuntu-24.04"] = Field(
         "debian-12",
-        description="Base distribution of the local image (cloud images: ubuntu-22.04, ubuntu-24.04, later).",
+        description="Base distribution: debian-12 for the local provider, ubuntu-22.04 or ubuntu-24.04 for AWS.",
     )
     extra_ca_certificates: list[str] = Field(
         default_factory=list,
@@ -52,22 +52,50 @@ class ImageConfig(Strict):
     security_mirror: str = Field("http://deb.debian.org/debian-security", description="Debian security mirror.")
 
 
+INSTANCE_TYPE_PATTERN = r"^[a-z0-9-]+\.[a-z0-9-]+$"
+# Sizing keys that only the local provider reads: on AWS the instance type decides them.
+LOCAL_SIZING_KEYS = ("cpus", "memory_mb", "sockets", "threads_per_core")
+
+
 class HeadConfig(Strict):
     cpus: int = Field(2, ge=1, description="Local provider: CPUs Slurm is told the node has.")
     memory_mb: int = Field(2048, ge=256, description="Local provider: RealMemory in MiB.")
-    instance_type: str | None = Field(None, description="Cloud providers: the VM size.")
+    instance_type: str | None = Field(
+        None,
+        pattern=INSTANCE_TYPE_PATTERN,
+        description="Cloud providers: the VM size (required with provider aws, e.g. m7i.2xlarge).",
+    )
 
 
 class NodeGroup(Strict):
     name: Name = Field(description="Group name; nodes are <name>-1, <name>-2, ...")
     count: int = Field(ge=0, description="Number of nodes in this group.")
-    cpus: int = Field(2, ge=1, description="Slurm CPUs (local: at most the host's CPUs).")
-    sockets: int = Field(1, ge=1, description="Slurm Sockets; cores per socket follow from cpus.")
-    threads_per_core: int = Field(1, ge=1, description="Slurm ThreadsPerCore.")
-    memory_mb: int = Field(2048, ge=256, description="Slurm RealMemory in MiB.")
-    instance_type: str | None = Field(None, description="Cloud providers: the VM size.")
+    cpus: int = Field(2, ge=1, description="Local provider: Slurm CPUs (at most the host's CPUs).")
+    sockets: int = Field(1, ge=1, description="Local provider: Slurm Sockets; cores per socket follow from cpus.")
+    threads_per_core: int = Field(1, ge=1, description="Local provider: Slurm ThreadsPerCore.")
+    memory_mb: int = Field(2048, ge=256, description="Local provider: Slurm RealMemory in MiB.")
+    instance_type: str | None = Field(
+        None,
+        pattern=INSTANCE_TYPE_PATTERN,
+        description="Cloud providers: the VM size (required with provider aws, e.g. p5.48xlarge).",
+    )
     features: list[Name] = Field(default_factory=list, description="Slurm features and inventory groups.")
-    gres: list[str] = Field(default_factory=list, description="Slurm Gres entries, e.g. gpu:h100:8.")
+    gres: list[str] = Field(
+        default_factory=list,
+        description="Slurm Gres entries, e.g. gpu:h100:8 (aws: default from the instance type's GPUs).",
+    )
+    efa: bool = Field(False, description="aws: one EFA interface per network card; the type must support EFA.")
+    spot: bool = Field(False, description="aws: spot instances instead of on-demand.")
+    capacity_reservation_id: str | None = Field(
+        None, pattern=r"^cr-[0-9a-f]{8,17}$", description="aws: launch into this capacity reservation (cr-...)."
+    )
+    placement_group: bool | None = Field(
+        None, description="aws: a cluster placement group for the group; default: true when efa (EFA needs one)."
+    )
+
+    @property
+    def wants_placement_group(self) -> bool:
+        return self.efa if self.placement_group is None else self.placement_group
 
     @model_validator(mode="after")
     def _cpus_split_into_sockets(self) -> NodeGroup:
@@ -134,6 +162,49 @@ class LocalConfig(Strict):
         return value
 
 
+class AwsConfig(Strict):
+    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d+$", description="AWS region, e.g. us-east-1.")
+    vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]{8,17}$", description="Existing VPC the cluster runs in.")
+    subnet_id: str = Field(
+        pattern=r"^subnet-[0-9a-f]{8,17}$",
+        description="Existing subnet of that VPC; its Availability Zone is where every node runs.",
+    )
+    ssh_cidrs: list[str] = Field(
+        default_factory=list,
+        description="CIDRs allowed to reach SSH (port 22) on the nodes; nothing else enters from outside.",
+    )
+    key_name: str | None = Field(None, description="EC2 key pair also installed for ssh_user (optional).")
+    ami_id: str | None = Field(
+        None,
+        pattern=r"^ami-[0-9a-f]{8,17}$",
+        description="Node image; default: the AMI of the last `make image PROVIDER=aws` "
+        "(<state_dir>/images/aws-latest.json).",
+    )
+    bastion: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+(:\d+)?$",
+        description="SSH jump host user@host[:port] (ProxyJump) when the nodes' private IPs are not reachable.",
+    )
+    ssh_user: str = Field(
+        "ubuntu", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="Login user of the AMI (sudo to root)."
+    )
+    network_interface: str = Field(
+        "ens5",
+        pattern=r"^[a-z][a-z0-9]{1,14}$",
+        description="Primary interface name on the instances (Ubuntu on Nitro: ens5): NCCL and gloo bootstrap on it.",
+    )
+
+    @field_validator("ssh_cidrs")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            try:
+                ipaddress.ip_network(value, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"'{value}' is not a CIDR block ({exc})") from None
+        return values
+
+
 # Plugin choices that work in each environment (PLATFORM.md: nspawn nodes on a
 # cgroup v1 hybrid host cannot use Slurm's cgroup plugins; cloud VMs run cgroup v2).
 SLURM_PLUGIN_DEFAULTS = {
@@ -152,7 +223,7 @@ SLURM_PLUGIN_DEFAULTS = {
 
 class ClusterConfig(Strict):
     cluster_name: Name = Field(description="Names the cluster's nodes, network devices, state and cloud tags.")
-    provider: Literal["local"] = Field("local", description="local now; aws and azure follow.")
+    provider: Literal["local", "aws"] = Field("local", description="local (nspawn nodes on this host) or aws.")
     image: ImageConfig = Field(default_factory=ImageConfig, description="What goes into the node image.")
     head: HeadConfig = Field(default_factory=HeadConfig, description="The head node (slurmctld, login).")
     node_groups: list[NodeGroup] = Field(min_length=1, description="Compute nodes, named <group>-<n>.")
@@ -166,6 +237,7 @@ class ClusterConfig(Strict):
     users: list[User] = Field(default_factory=list, description="Cluster users, same UID/GID on every node.")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="Per-environment Slurm plugin choices.")
     local: LocalConfig = Field(default_factory=LocalConfig, description="Settings of the local provider.")
+    aws: AwsConfig | None = Field(None, description="Settings of the aws provider (required with provider aws).")
 
     @model_validator(mode="after")
     def _cross_references(self) -> ClusterConfig:
@@ -186,7 +258,41 @@ class ClusterConfig(Strict):
                     )
         if sum(p.default for p in self.partitions) > 1:
             raise ValueError("partitions: more than one partition has default: true")
+        for index, group in enumerate(self.node_groups):
+            if group.efa and group.placement_group is False:
+                raise ValueError(
+                    f"node_groups.{index}.placement_group: EFA needs a cluster placement group; "
+                    "remove placement_group: false or set efa: false"
+                )
+            if group.spot and group.capacity_reservation_id:
+                raise ValueError(
+                    f"node_groups.{index}.capacity_reservation_id: capacity reservations are for on-demand "
+                    "instances; remove it or set spot: false"
+                )
+        if self.provider == "aws":
+            self._check_aws()
+        elif self.image.base != "debian-12":
+            raise ValueError(
+                f"image.base: the local provider builds debian-12 images only (no Ubuntu mirror is reachable "
+                f"from here), not {self.image.base}; remove image.base"
+            )
         return self
+
+    def _check_aws(self) -> None:
+        if self.aws is None:
+            raise ValueError("aws: required with provider aws (region, vpc_id, subnet_id, ssh_cidrs, ...)")
+        if not self.image.base.startswith("ubuntu-"):
+            raise ValueError("image.base: AWS images are Ubuntu; set image.base to ubuntu-22.04 or ubuntu-24.04")
+        sections = [("head", self.head)] + [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
+        for field, section in sections:
+            if not section.instance_type:
+                raise ValueError(f"{field}.instance_type: required with provider aws (e.g. m7i.2xlarge)")
+            for key in LOCAL_SIZING_KEYS:
+                if key in section.model_fields_set:
+                    raise ValueError(
+                        f"{field}.{key}: only for provider local; on aws CPUs, sockets and memory come "
+                        f"from the instance type ({section.instance_type}); remove it"
+                    )
 
     def effective_partitions(self) -> list[Partition]:
         """Partitions as configured, or one default partition per node group."""

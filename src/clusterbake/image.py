@@ -79,10 +79,13 @@ def inputs_digest(config: ClusterConfig) -> str:
     return h.hexdigest()[:16]
 
 
+def builder_groups_for(features) -> list[str]:
+    """The builder joins every group a node will be in: features switch components on."""
+    return ["slurm_head", "slurm_compute", *sorted({str(f).replace("-", "_") for f in features})]
+
+
 def builder_groups(config: ClusterConfig) -> list[str]:
-    """The builder joins every group a node of the config will be in: features switch components on."""
-    features = sorted({f.replace("-", "_") for group in config.node_groups for f in group.features})
-    return ["slurm_head", "slurm_compute", *features]
+    return builder_groups_for(f for group in config.node_groups for f in group.features)
 
 
 class ImageStore:

@@ -13,4 +13,8 @@ def get_provider(config: ClusterConfig, state: StateDir | None = None) -> Provid
         from clusterbake.providers.local.provider import LocalProvider
 
         return LocalProvider(config, state)
+    if config.provider == "aws":
+        from clusterbake.providers.aws.provider import AwsProvider
+
+        return AwsProvider(config, state)
     raise NotImplementedError(f"provider {config.provider}")

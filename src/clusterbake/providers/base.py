@@ -23,6 +23,10 @@ class NodeStatus:
 
 
 class Provider(ABC):
+    # When the first `cluster up` of a cluster fails, `cluster.up` calls destroy() to
+    # remove what it created. A provider that rolls back by itself says False.
+    destroy_after_failed_first_provision = True
+
     def __init__(self, config: ClusterConfig, state: StateDir):
         self.config = config
         self.state = state
@@ -43,6 +47,9 @@ class Provider(ABC):
     @abstractmethod
     def provision(self, image: Path | str) -> None:
         """Create (or start again) every node; idempotent."""
+
+    def wait_ready(self) -> None:  # noqa: B027 (optional hook: the local provider waits in provision)
+        """Before configuration: wait until every node answers SSH (provision may already have)."""
 
     @abstractmethod
     def destroy(self) -> list[str]:

@@ -1,0 +1,16 @@
+# The plugins the templates need with Packer >= 1.10 (`packer init packer/plugins`),
+# where amazon-ebs and ansible are no longer built in. Packer 1.6.6 rejects this
+# block, so it lives apart and clusterbake passes it only to newer Packers
+# (packer/README.md).
+packer {
+  required_plugins {
+    amazon = {
+      source  = "github.com/hashicorp/amazon"
+      version = ">= 1.3.0"
+    }
+    ansible = {
+      source  = "github.com/hashicorp/ansible"
+      version = ">= 1.1.0"
+    }
+  }
+}

@@ -1,0 +1,101 @@
+"""EC2 clients and the one retry policy every call goes through.
+
+boto3 reads the standard environment itself (AWS_PROFILE, AWS_ENDPOINT_URL,
+AWS_ACCESS_KEY_ID, ...); the region comes from the config. botocore's own retries
+are off so that exactly one policy applies: `call` retries throttling with
+exponential backoff (with jitter) and lets every other error through at once
+(InsufficientInstanceCapacity must reach the launcher's rollback, not be retried).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from clusterbake.errors import ClusterbakeError
+
+THROTTLING = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException"})
+ATTEMPTS = 8
+BASE_DELAY = 0.5
+MAX_DELAY = 20.0
+
+
+def ec2_client(region: str):
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "standard", "total_max_attempts": 1}, user_agent_appid="clusterbake")
+    return boto3.session.Session().client("ec2", region_name=region, config=config)
+
+
+def error_code(exc: BaseException) -> str:
+    return exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
+
+
+def backoff_delays(attempts: int = ATTEMPTS, base: float = BASE_DELAY, cap: float = MAX_DELAY) -> list[float]:
+    """Upper bounds of the waits between attempts: base, 2 x base, 4 x base, ... capped."""
+    return [min(cap, base * 2**n) for n in range(attempts - 1)]
+
+
+def call(
+    operation: Callable[..., Any],
+    /,
+    *,
+    retry_codes: frozenset[str] = THROTTLING,
+    sleep: Callable[[float], None] | None = None,
+    attempts: int = ATTEMPTS,
+    **params: Any,
+) -> Any:
+    """`operation(**params)`, retried on throttling (or `retry_codes`) with backoff and jitter."""
+    delays = backoff_delays(attempts)
+    for attempt in range(attempts):
+        try:
+            return operation(**params)
+        except ClientError as exc:
+            if error_code(exc) not in retry_codes or attempt == attempts - 1:
+                raise
+            (sleep or time.sleep)(random.uniform(delays[attempt] / 2, delays[attempt]))
+    raise AssertionError("unreachable")
+
+
+def paginate(
+    client, operation: str, key: str, *, retry_codes: frozenset[str] = THROTTLING, **params: Any
+) -> list[dict]:
+    """Every item of a paginated Describe call (each page retried on throttling)."""
+    items: list[dict] = []
+    token = None
+    method = getattr(client, operation)
+    while True:
+        page = call(method, retry_codes=retry_codes, **params, **({"NextToken": token} if token else {}))
+        items += page.get(key, [])
+        token = page.get("NextToken")
+        if not token:
+            return items
+
+
+def aws_errors(method: Callable) -> Callable:
+    """Turn botocore's exceptions into ClusterbakeError: a message, no traceback."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except NoCredentialsError:
+            raise ClusterbakeError(
+                "AWS: no credentials (set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                "or run where an instance role applies)"
+            ) from None
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            raise ClusterbakeError(
+                f"AWS {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}"
+            ) from exc
+        except BotoCoreError as exc:
+            raise ClusterbakeError(f"AWS: {exc}") from exc
+
+    return wrapper

@@ -1,0 +1,121 @@
+"""What EC2 says an instance type is (DescribeInstanceTypes, cached) and its Slurm node spec.
+
+Slurm spec of a type:
+- CPUs = VCpuInfo.DefaultVCpus, ThreadsPerCore = VCpuInfo.DefaultThreadsPerCore.
+- Sockets = 1 and CoresPerSocket = VCpuInfo.DefaultCores. The API has no socket
+  count (p5.48xlarge has two AMD EPYC sockets, 2 x 48 cores, but EC2 reports only
+  96 cores); ValidCores lists the core counts one may pick at launch, not sockets.
+  One socket keeps Sockets x CoresPerSocket x ThreadsPerCore = CPUs exact. slurmd
+  on the real machine sees 2 sockets and notes the difference ("Node reconfigured
+  socket/core boundaries", PLATFORM.md); that was not tried on a real p5 here.
+  Where per-socket binding matters, take the layout from `slurmd -C` on a booted
+  node (a later step) instead of the API.
+- RealMemory = 95% of MemoryInfo.SizeInMiB (rounded down): the kernel and the
+  hypervisor keep some, and slurmd drains a node that has less than RealMemory.
+- Gres = gpu:<model>:<count> per GpuInfo entry, the model lower-case with runs of
+  other characters than a-z0-9 as `_` (H100 -> h100, "Radeon Pro V520" -> radeon_pro_v520).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from clusterbake.providers.aws.api import paginate
+from clusterbake.topology import SlurmNodeSpec
+
+MEMORY_FRACTION = 0.95
+BATCH = 100  # DescribeInstanceTypes takes at most 100 names per call
+
+
+@dataclass(frozen=True)
+class InstanceTypeInfo:
+    name: str
+    vcpus: int
+    cores: int
+    threads_per_core: int
+    memory_mib: int
+    gpus: tuple[tuple[str, int], ...]
+    efa_supported: bool
+    max_efa_interfaces: int
+    network_cards: int
+    usage_classes: tuple[str, ...]
+    architectures: tuple[str, ...]
+    placement_strategies: tuple[str, ...]
+
+    @classmethod
+    def from_api(cls, data: dict) -> InstanceTypeInfo:
+        vcpu = data["VCpuInfo"]
+        network = data.get("NetworkInfo", {})
+        gpus: dict[str, int] = {}
+        for gpu in data.get("GpuInfo", {}).get("Gpus", []):
+            model = re.sub(r"[^a-z0-9]+", "_", gpu["Name"].lower()).strip("_")
+            gpus[model] = gpus.get(model, 0) + gpu["Count"]
+        threads = vcpu.get("DefaultThreadsPerCore", 1)
+        return cls(
+            name=data["InstanceType"],
+            vcpus=vcpu["DefaultVCpus"],
+            cores=vcpu.get("DefaultCores", vcpu["DefaultVCpus"] // threads),
+            threads_per_core=threads,
+            memory_mib=data["MemoryInfo"]["SizeInMiB"],
+            gpus=tuple(gpus.items()),
+            efa_supported=bool(network.get("EfaSupported")),
+            max_efa_interfaces=network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0),
+            network_cards=network.get("MaximumNetworkCards", 1),
+            usage_classes=tuple(data.get("SupportedUsageClasses", [])),
+            architectures=tuple(data.get("ProcessorInfo", {}).get("SupportedArchitectures", [])),
+            placement_strategies=tuple(data.get("PlacementGroupInfo", {}).get("SupportedStrategies", [])),
+        )
+
+    @property
+    def efa_interfaces(self) -> int:
+        """One EFA interface per network card, as many as the type allows (p5.48xlarge: 32)."""
+        if not self.efa_supported:
+            return 0
+        return max(1, min(self.network_cards, self.max_efa_interfaces or self.network_cards))
+
+    @property
+    def gres(self) -> list[str]:
+        return [f"gpu:{model}:{count}" for model, count in self.gpus]
+
+    def slurm_spec(self, gres: list[str] | None = None, features: Iterable[str] = ()) -> SlurmNodeSpec:
+        return SlurmNodeSpec(
+            cpus=self.vcpus,
+            sockets=1,
+            cores_per_socket=self.cores,
+            threads_per_core=self.threads_per_core,
+            real_memory=int(self.memory_mib * MEMORY_FRACTION),
+            gres=list(self.gres if gres is None else gres),
+            features=list(dict.fromkeys(features)),
+        )
+
+
+class Catalogue:
+    """DescribeInstanceTypes, asked once per type and process."""
+
+    def __init__(self, client=None, known: Iterable[dict] = ()):
+        self._client = client
+        self._types: dict[str, InstanceTypeInfo] = {}
+        for data in known:
+            self._types[data["InstanceType"]] = InstanceTypeInfo.from_api(data)
+
+    @classmethod
+    def from_response(cls, response: dict) -> Catalogue:
+        """Offline: from a saved DescribeInstanceTypes response."""
+        return cls(None, response["InstanceTypes"])
+
+    def get(self, names: Iterable[str]) -> dict[str, InstanceTypeInfo]:
+        wanted = sorted(set(names))
+        missing = [n for n in wanted if n not in self._types]
+        if missing and self._client is None:
+            raise KeyError(f"instance types not in the saved catalogue: {', '.join(missing)}")
+        for start in range(0, len(missing), BATCH):
+            for data in paginate(
+                self._client, "describe_instance_types", "InstanceTypes", InstanceTypes=missing[start : start + BATCH]
+            ):
+                self._types[data["InstanceType"]] = InstanceTypeInfo.from_api(data)
+        return {name: self._types[name] for name in wanted if name in self._types}
+
+    def __getitem__(self, name: str) -> InstanceTypeInfo:
+        return self.get([name])[name]

@@ -1,0 +1,109 @@
+"""Config checks that need EC2 (read-only calls): run before anything is created.
+
+Each failure is a ConfigError (exit status 2) that names the config field.
+"""
+
+from __future__ import annotations
+
+from botocore.exceptions import ClientError
+
+from clusterbake.config import ClusterConfig
+from clusterbake.errors import ConfigError
+from clusterbake.providers.aws.api import call, error_code, paginate
+from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
+
+
+def instance_type_fields(config: ClusterConfig) -> list[tuple[str, str]]:
+    """(field path, instance type) of the head and every node group."""
+    fields = [("head.instance_type", config.head.instance_type)]
+    fields += [(f"node_groups.{i}.instance_type", g.instance_type) for i, g in enumerate(config.node_groups)]
+    return [(field, value) for field, value in fields if value]
+
+
+def subnet_zone(client, config: ClusterConfig) -> str:
+    """The Availability Zone of aws.subnet_id, which must be in aws.vpc_id."""
+    aws = config.aws
+    try:
+        subnets = call(client.describe_subnets, SubnetIds=[aws.subnet_id])["Subnets"]
+    except ClientError as exc:
+        if error_code(exc).startswith("InvalidSubnetID"):
+            raise ConfigError(f"aws.subnet_id: {aws.subnet_id} does not exist in {aws.region}") from None
+        raise
+    subnet = subnets[0]
+    if subnet["VpcId"] != aws.vpc_id:
+        raise ConfigError(f"aws.subnet_id: {aws.subnet_id} is in {subnet['VpcId']}, not in aws.vpc_id {aws.vpc_id}")
+    return subnet["AvailabilityZone"]
+
+
+def offered(client, location_type: str, location: str, types: list[str]) -> set[str]:
+    offerings = paginate(
+        client,
+        "describe_instance_type_offerings",
+        "InstanceTypeOfferings",
+        LocationType=location_type,
+        Filters=[
+            {"Name": "location", "Values": [location]},
+            {"Name": "instance-type", "Values": sorted(set(types))},
+        ],
+    )
+    return {o["InstanceType"] for o in offerings}
+
+
+def check_instance_types(client, config: ClusterConfig, catalogue: Catalogue, zone: str) -> dict[str, InstanceTypeInfo]:
+    aws = config.aws
+    fields = instance_type_fields(config)
+    types = [t for _, t in fields]
+    in_region = offered(client, "region", aws.region, types)
+    for field, value in fields:
+        if value not in in_region:
+            raise ConfigError(f"{field}: {value} is not an instance type offered in {aws.region}")
+    in_zone = offered(client, "availability-zone", zone, types)
+    for field, value in fields:
+        if value not in in_zone:
+            raise ConfigError(f"{field}: {value} is not offered in {zone} (subnet {aws.subnet_id})")
+    infos = catalogue.get(types)
+    for index, group in enumerate(config.node_groups):
+        info = infos[group.instance_type]
+        field = f"node_groups.{index}"
+        if group.efa and not info.efa_supported:
+            raise ConfigError(
+                f"{field}.efa: {info.name} has no EFA support; set efa: false or pick an EFA type "
+                "(p5.48xlarge, p4d.24xlarge, ...)"
+            )
+        if group.spot and info.usage_classes and "spot" not in info.usage_classes:
+            raise ConfigError(f"{field}.spot: {info.name} is not sold as spot; set spot: false")
+        if group.wants_placement_group and info.placement_strategies and "cluster" not in info.placement_strategies:
+            raise ConfigError(
+                f"{field}.placement_group: {info.name} cannot run in a cluster placement group; "
+                "set placement_group: false"
+            )
+    return infos
+
+
+def check_key_pair(client, config: ClusterConfig) -> None:
+    aws = config.aws
+    if not aws.key_name:
+        return
+    try:
+        call(client.describe_key_pairs, KeyNames=[aws.key_name])
+    except ClientError as exc:
+        if error_code(exc).startswith("InvalidKeyPair"):
+            raise ConfigError(f"aws.key_name: no key pair named {aws.key_name} in {aws.region}") from None
+        raise
+
+
+def check_image(client, config: ClusterConfig, ami_id: str, infos: dict[str, InstanceTypeInfo], source: str) -> None:
+    """The AMI exists in the region and runs on every instance type's architecture."""
+    try:
+        images = call(client.describe_images, ImageIds=[ami_id])["Images"]
+    except ClientError as exc:
+        if not error_code(exc).startswith("InvalidAMIID"):
+            raise
+        images = []
+    if not images:
+        raise ConfigError(f"{source}: {ami_id} does not exist in {config.aws.region} (or is not shared with you)")
+    architecture = images[0].get("Architecture")
+    for field, value in instance_type_fields(config):
+        archs = infos[value].architectures
+        if architecture and archs and architecture not in archs:
+            raise ConfigError(f"{field}: {value} runs {'/'.join(archs)}, but {ami_id} is {architecture}")

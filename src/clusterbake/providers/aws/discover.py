@@ -1,0 +1,50 @@
+"""The cluster's instances, found by tag (paginated), and what the inventory says of each."""
+
+from __future__ import annotations
+
+from clusterbake.progress import say
+from clusterbake.providers.aws import tags
+from clusterbake.providers.aws.api import paginate
+
+PAGE_SIZE = 1000  # DescribeInstances' largest page
+LIVE = ("pending", "running", "stopping", "stopped")
+NOT_GONE = (*LIVE, "shutting-down")
+
+
+def cluster_instances(client, cluster: str, states: tuple[str, ...] = LIVE) -> list[dict]:
+    filters = [tags.cluster_filter(cluster), {"Name": "instance-state-name", "Values": list(states)}]
+    reservations = paginate(client, "describe_instances", "Reservations", Filters=filters, MaxResults=PAGE_SIZE)
+    return [instance for reservation in reservations for instance in reservation["Instances"]]
+
+
+def name_of(instance: dict) -> str | None:
+    return tags.as_dict(instance.get("Tags")).get(tags.NAME)
+
+
+def by_name(instances: list[dict], warn: bool = True) -> dict[str, dict]:
+    """Instances by their clusterbake:name tag; of two with one name the older wins."""
+    named: dict[str, dict] = {}
+    for instance in sorted(instances, key=lambda i: (str(i.get("LaunchTime", "")), i["InstanceId"])):
+        name = name_of(instance)
+        if name is None:
+            continue
+        if name in named:
+            if warn:
+                say(
+                    f"    warning: {instance['InstanceId']} and {named[name]['InstanceId']} are both named {name}; "
+                    f"using {named[name]['InstanceId']}"
+                )
+            continue
+        named[name] = instance
+    return named
+
+
+def host_vars(instance: dict) -> dict:
+    """Hostvars from EC2 (besides the shared ones of inventory.build_inventory)."""
+    placement = instance.get("Placement", {})
+    return {
+        "clusterbake_instance_id": instance["InstanceId"],
+        "clusterbake_instance_type": instance["InstanceType"],
+        "clusterbake_availability_zone": placement.get("AvailabilityZone"),
+        "clusterbake_placement_group": placement.get("GroupName") or None,
+    }

@@ -1,0 +1,104 @@
+"""Config errors found with EC2's read-only calls, before anything is created (exit status 2).
+
+Three cases run the CLI as a subprocess (message on stderr, exit status); the others
+call `cluster.up` in-process against the same moto_server, which is what the CLI
+runs (a subprocess costs about a second, most of it imports).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from awstest import REGION, ZONE, example_config, run_cb
+
+from clusterbake import cluster
+from clusterbake.config import load_config
+from clusterbake.errors import ClusterbakeError
+from clusterbake.providers.aws.ami import write_record
+from clusterbake.state import StateDir
+
+SUBPROCESS = {"not-in-zone", "efa-unsupported", "no-image-built"}
+
+
+def _gpu(**changes):
+    return [{"name": "gpu", "count": 1, "instance_type": "p5.48xlarge", "efa": True, **changes}]
+
+
+CASES = {
+    "not-in-zone": (
+        {"node_groups": _gpu(instance_type="trn1.32xlarge")},
+        2,
+        "node_groups.0.instance_type: trn1.32xlarge is not offered in {zone} (subnet {subnet})",
+    ),
+    "unknown-type": (
+        {"node_groups": _gpu(instance_type="p9.48xlarge")},
+        2,
+        "node_groups.0.instance_type: p9.48xlarge is not an instance type offered in {region}",
+    ),
+    "head-type": (
+        {"head": {"instance_type": "p9.small"}},
+        2,
+        "head.instance_type: p9.small is not an instance type offered in {region}",
+    ),
+    "efa-unsupported": (
+        {"node_groups": _gpu(instance_type="c7i.large")},
+        2,
+        "node_groups.0.efa: c7i.large has no EFA support; set efa: false",
+    ),
+    "subnet-of-another-vpc": (
+        {"aws": "other-subnet"},
+        2,
+        "aws.subnet_id: {other} is in vpc-",
+    ),
+    "unknown-key-pair": (
+        {"aws": {"key_name": "nope"}},
+        2,
+        "aws.key_name: no key pair named nope in {region}",
+    ),
+    "unknown-ami": (
+        {"aws": {"ami_id": "ami-0000000000000000f"}},
+        2,
+        "aws.ami_id: ami-0000000000000000f does not exist in {region}",
+    ),
+    "no-image-built": (
+        {"no_record": True},
+        3,
+        "run `make image PROVIDER=aws` (or set aws.ami_id)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_config_error_names_the_field_and_creates_nothing(moto, network, tmp_path, monkeypatch, case):
+    changes, status, expected = CASES[case]
+    changes = dict(changes)
+    name = "val" + "".join(c for c in case if c.isalpha())[:20]
+    if not changes.pop("no_record", False):
+        write_record(StateDir(tmp_path), network.ami_id, REGION)
+    config = example_config(network, cluster_name=name, partitions=[])
+    aws = changes.pop("aws", {})
+    if aws == "other-subnet":
+        aws = {"subnet_id": network.other_subnet_id}
+    config["aws"] |= aws
+    config |= changes
+    expected = expected.format(zone=ZONE, subnet=network.subnet_id, region=REGION, other=network.other_subnet_id)
+    if case in SUBPROCESS:
+        result = run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only", check=False)
+        assert result.returncode == status, result.stderr
+        assert expected in result.stderr
+        assert "Traceback" not in result.stderr
+    else:
+        for key, value in moto.env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("CLUSTERBAKE_STATE_DIR", str(tmp_path))
+        path = tmp_path / "cluster.yaml"
+        path.write_text(yaml.safe_dump(config))
+        with pytest.raises(ClusterbakeError) as info:
+            cluster.up(load_config(path), path, provision_only=True)
+        assert info.value.exit_code == status
+        assert expected in str(info.value)
+    ec2 = moto.ec2()
+    tagged = [{"Name": "tag:clusterbake:cluster", "Values": [name]}]
+    assert ec2.describe_security_groups(Filters=tagged)["SecurityGroups"] == []
+    assert ec2.describe_launch_templates(Filters=tagged)["LaunchTemplates"] == []
+    assert ec2.describe_instances(Filters=tagged)["Reservations"] == []

@@ -1,0 +1,149 @@
+"""The aws parts of the config schema, the image record contract and the SSH command line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+
+import pytest
+
+from clusterbake.config import ClusterConfig, load_config
+from clusterbake.errors import ConfigError, MissingImageError
+from clusterbake.providers.aws.ami import find_ami, record_path, write_record
+from clusterbake.providers.aws.provider import AwsProvider
+from clusterbake.state import StateDir
+
+AWS = """
+cluster_name: demo
+provider: aws
+image:
+  base: ubuntu-22.04
+aws:
+  region: us-east-1
+  vpc_id: vpc-0123456789abcdef0
+  subnet_id: subnet-0123456789abcdef0
+  ssh_cidrs: [203.0.113.0/24]
+head:
+  instance_type: m7i.2xlarge
+node_groups:
+  - name: gpu
+    count: 2
+    instance_type: p5.48xlarge
+    efa: true
+"""
+
+
+def error_for(tmp_path, text) -> str:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(textwrap.dedent(text))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return str(info.value)
+
+
+def test_example_is_valid_and_efa_gets_a_placement_group(repo):
+    config = load_config(repo / "examples" / "aws-p5.yaml")
+    assert config.provider == "aws" and config.aws.ssh_user == "ubuntu"
+    [gpu] = config.node_groups
+    assert (gpu.instance_type, gpu.count, gpu.efa, gpu.spot) == ("p5.48xlarge", 2, True, False)
+    assert gpu.placement_group is None and gpu.wants_placement_group
+    assert config.slurm_plugins()["proctrack_type"] == "proctrack/cgroup"
+
+
+def test_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(AWS.replace("    efa: true\n", ""))
+    [group] = load_config(path).node_groups
+    assert (group.efa, group.spot, group.capacity_reservation_id, group.wants_placement_group) == (
+        False,
+        False,
+        None,
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.replace("provider: aws", "provider: azure"), "provider: Input should be 'local' or 'aws'"),
+        (lambda t: t[: t.index("aws:")] + t[t.index("head:") :], "aws: required with provider aws"),
+        (lambda t: t.replace("    instance_type: p5.48xlarge\n", ""), "node_groups.0.instance_type: required"),
+        (lambda t: t.replace("  instance_type: m7i.2xlarge", "  cpus: 4"), "head.instance_type: required"),
+        (lambda t: t + "    cpus: 96\n", "node_groups.0.cpus: only for provider local"),
+        (lambda t: t + "    memory_mb: 4096\n", "node_groups.0.memory_mb: only for provider local"),
+        (lambda t: t + "    placement_group: false\n", "node_groups.0.placement_group: EFA needs a cluster placement"),
+        (
+            lambda t: t + "    spot: true\n    capacity_reservation_id: cr-0123456789abcdef0\n",
+            "node_groups.0.capacity_reservation_id: capacity reservations are for on-demand",
+        ),
+        (lambda t: t.replace("203.0.113.0/24", "203.0.113.1/24"), "aws.ssh_cidrs: '203.0.113.1/24' is not a CIDR"),
+        (lambda t: t.replace("vpc-0123456789abcdef0", "my-vpc"), "aws.vpc_id: String should match pattern"),
+        (lambda t: t.replace("  ssh_cidrs:", "  bastion: bastion.example.com\n  ssh_cidrs:"), "aws.bastion"),
+        (lambda t: t + "    capacity_reservation_id: reservation-1\n", "node_groups.0.capacity_reservation_id"),
+    ],
+)
+def test_aws_errors_name_the_field(tmp_path, change, message):
+    assert message in error_for(tmp_path, change(AWS))
+
+
+def test_local_configs_are_unchanged(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster_name: demo\nnode_groups: [{name: cpu, count: 1, cpus: 2, efa: true}]\n")
+    config = load_config(path)
+    assert config.provider == "local" and config.aws is None and config.node_groups[0].cpus == 2
+
+
+def _config(**aws) -> ClusterConfig:
+    data = {
+        "cluster_name": "demo",
+        "provider": "aws",
+        "image": {"base": "ubuntu-22.04"},
+        "aws": {
+            "region": "us-east-1",
+            "vpc_id": "vpc-0123456789abcdef0",
+            "subnet_id": "subnet-0123456789abcdef0",
+            **aws,
+        },
+        "head": {"instance_type": "m7i.2xlarge"},
+        "node_groups": [{"name": "gpu", "count": 1, "instance_type": "p5.48xlarge", "efa": True}],
+    }
+    return ClusterConfig.model_validate(data)
+
+
+def test_ami_from_the_image_record(tmp_path):
+    state = StateDir(tmp_path)
+    with pytest.raises(MissingImageError, match=r"run `make image PROVIDER=aws`"):
+        find_ami(_config(), state)
+    path = write_record(state, "ami-0123456789abcdef0", "us-east-1", name="clusterbake-ubuntu-22.04-x")
+    assert path == record_path(state) == tmp_path / "images" / "aws-latest.json"
+    assert json.loads(path.read_text())["region"] == "us-east-1"
+    assert find_ami(_config(), state) == "ami-0123456789abcdef0"
+    assert find_ami(_config(ami_id="ami-00000000000000001"), state) == "ami-00000000000000001"
+    write_record(state, "ami-0123456789abcdef0", "eu-west-1")
+    with pytest.raises(MissingImageError, match="built in eu-west-1, the cluster runs in us-east-1"):
+        find_ami(_config(), state)
+    path.write_text("{}")
+    with pytest.raises(MissingImageError, match="not an image record"):
+        find_ami(_config(), state)
+
+
+def test_ssh_runs_the_command_as_root_through_the_bastion(tmp_path):
+    provider = AwsProvider(_config(bastion="ec2-user@bastion.example.com"), StateDir(tmp_path), client=object())
+    command = "sinfo --noheader --Node --format='%N %t'"
+    argv = provider._ssh_to("10.0.0.11", [command])
+    assert argv[0] == "ssh" and "ProxyJump=ec2-user@bastion.example.com" in argv
+    assert "StrictHostKeyChecking=accept-new" in argv
+    at = argv.index("ubuntu@10.0.0.11")
+    assert argv[at + 1] == "--"
+    # ssh joins the words for the remote login shell; sh -c must get the command unchanged.
+    assert shlex.split(" ".join(argv[at + 2 :])) == ["sudo", "-n", "sh", "-c", command]
+    assert provider._ssh_to("10.0.0.11", [], tty=True)[-2:] == ["sudo", "-i"]
+    no_bastion = AwsProvider(_config(), StateDir(tmp_path), client=object())
+    assert not any("ProxyJump" in a for a in no_bastion._ssh_to("10.0.0.11", ["true"]))
+
+
+def test_image_base_must_match_the_provider(tmp_path):
+    assert "AWS images are Ubuntu" in error_for(tmp_path, AWS.replace("base: ubuntu-22.04", "base: debian-12"))
+    local = "cluster_name: x\nimage: {base: ubuntu-24.04}\nnode_groups: [{name: cpu, count: 1}]\n"
+    assert "image.base: the local provider builds debian-12 images only" in error_for(tmp_path, local)
