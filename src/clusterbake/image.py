@@ -68,7 +68,12 @@ def inputs_digest(config: ClusterConfig) -> str:
         h.update(wheelhouse_key().encode())
     for ca in extra_ca_files(config):
         h.update(Path(ca).read_bytes())
-    root = repo_root()
+    hash_repository_inputs(h, repo_root())
+    return h.hexdigest()[:16]
+
+
+def hash_repository_inputs(h, root: Path) -> None:
+    """Add the files of the repository that go into an image (playbooks, roles, templates, job scripts)."""
     for directory in INPUT_DIRS:
         for path in sorted((root / directory).rglob("*")):
             # Documentation does not change the image; a README edit must not force a rebuild.
@@ -76,7 +81,6 @@ def inputs_digest(config: ClusterConfig) -> str:
                 continue
             if path.is_file():
                 h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
 
 
 def builder_groups_for(features) -> list[str]:

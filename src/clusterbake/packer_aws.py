@@ -29,7 +29,7 @@ import yaml
 
 from clusterbake import packer
 from clusterbake.errors import ClusterbakeError
-from clusterbake.image import builder_groups_for
+from clusterbake.image import builder_groups_for, hash_repository_inputs
 from clusterbake.paths import git_revision, repo_root
 from clusterbake.progress import phase, run_logged, say
 
@@ -42,7 +42,6 @@ BUILD_PACKER = (1, 10, 0)
 MARKER = "# clusterbake:plugin-settings"
 MANIFEST_PATH = Path("ansible/group_vars/all/versions.yml")
 # The AMI changes when any of these does (documentation excepted).
-INPUT_DIRS = ("ansible", "roles", "packer", "scripts/jobs")
 # Feature groups of the AWS GPU image when the settings name none.
 DEFAULT_FEATURES = ("cuda", "nvswitch", "efa", "dcgm", "lustre", "s3")
 
@@ -234,12 +233,7 @@ def inputs_digest(settings: Mapping, root: Path | None = None) -> str:
     """Everything that changes the AMI: the settings and the playbooks, roles, templates."""
     root = root or repo_root()
     h = hashlib.sha256(json.dumps(_settings(settings), sort_keys=True, default=str).encode())
-    for directory in INPUT_DIRS:
-        for path in sorted((root / directory).rglob("*")):
-            if path.suffix == ".md" or "__pycache__" in path.parts or path.name.startswith(".packer"):
-                continue
-            if path.is_file():
-                h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    hash_repository_inputs(h, root)
     for ca in _settings(settings)["extra_ca_certificates"]:
         h.update(Path(ca).read_bytes())
     return h.hexdigest()[:16]
