@@ -99,3 +99,19 @@ def test_uid_conflict_is_an_error_not_a_silent_change(root, tmp_path):
 def test_unknown_bundle_format_is_refused(root, tmp_path):
     result = join(root, bundle(format=99), tmp_path)
     assert result.returncode == 1 and "bundle format 99" in result.stderr
+
+
+def test_install_keeps_the_bundle_from_stdin_private(root, tmp_path):
+    kept = tmp_path / "kept" / "node-join.json"
+    text = json.dumps(bundle())
+    run = subprocess.run(
+        [sys.executable, PROGRAM, "--root", str(root), "--install", "--bundle", str(kept.relative_to(root))],
+        input=text, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "join bundle" in changed(run)
+    assert kept.read_text() == text and kept.stat().st_mode & 0o777 == 0o600
+    again = subprocess.run(
+        [sys.executable, PROGRAM, "--root", str(root), "--install", "--bundle", str(kept.relative_to(root))],
+        input=text, capture_output=True, text=True,
+    )  # fmt: skip
+    assert changed(again) == []
