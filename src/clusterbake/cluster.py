@@ -31,15 +31,7 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False) -
     summary: dict = {"cluster": config.cluster_name}
     provider.validate()
     extra_ca_files(config)  # unresolvable globs are input errors, found before anything is created
-    image = None
-    if config.provider == "local":
-        from clusterbake.image import find_image
-
-        image = find_image(config, state)
-    elif config.provider == "aws":
-        from clusterbake.providers.aws.ami import find_ami
-
-        image = find_ami(config, state)
+    image = provider.find_image()
     created = not provider.cluster.exists()
     with phase(f"provision {len(provider.nodes)} nodes ({config.provider})"):
         try:

@@ -57,28 +57,27 @@ INSTANCE_TYPE_PATTERN = r"^[a-z0-9-]+\.[a-z0-9-]+$"
 LOCAL_SIZING_KEYS = ("cpus", "memory_mb", "sockets", "threads_per_core")
 
 
-class HeadConfig(Strict):
-    cpus: int = Field(2, ge=1, description="Local provider: CPUs Slurm is told the node has.")
-    memory_mb: int = Field(2048, ge=256, description="Local provider: RealMemory in MiB.")
-    instance_type: str | None = Field(
-        None,
-        pattern=INSTANCE_TYPE_PATTERN,
-        description="Cloud providers: the VM size (required with provider aws, e.g. m7i.2xlarge).",
-    )
+class NodeSize(Strict):
+    """How big a node is: told to Slurm on the local provider, an instance type on clouds."""
 
-
-class NodeGroup(Strict):
-    name: Name = Field(description="Group name; nodes are <name>-1, <name>-2, ...")
-    count: int = Field(ge=0, description="Number of nodes in this group.")
     cpus: int = Field(2, ge=1, description="Local provider: Slurm CPUs (at most the host's CPUs).")
-    sockets: int = Field(1, ge=1, description="Local provider: Slurm Sockets; cores per socket follow from cpus.")
-    threads_per_core: int = Field(1, ge=1, description="Local provider: Slurm ThreadsPerCore.")
     memory_mb: int = Field(2048, ge=256, description="Local provider: Slurm RealMemory in MiB.")
     instance_type: str | None = Field(
         None,
         pattern=INSTANCE_TYPE_PATTERN,
-        description="Cloud providers: the VM size (required with provider aws, e.g. p5.48xlarge).",
+        description="Cloud providers: the VM size (required with provider aws, e.g. m7i.2xlarge, p5.48xlarge).",
     )
+
+
+class HeadConfig(NodeSize):
+    pass
+
+
+class NodeGroup(NodeSize):
+    name: Name = Field(description="Group name; nodes are <name>-1, <name>-2, ...")
+    count: int = Field(ge=0, description="Number of nodes in this group.")
+    sockets: int = Field(1, ge=1, description="Local provider: Slurm Sockets; cores per socket follow from cpus.")
+    threads_per_core: int = Field(1, ge=1, description="Local provider: Slurm ThreadsPerCore.")
     features: list[Name] = Field(default_factory=list, description="Slurm features and inventory groups.")
     gres: list[str] = Field(
         default_factory=list,

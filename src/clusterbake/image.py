@@ -219,13 +219,7 @@ def builder_node(root: Path, log_dir: Path, port: int):
     pid = machines.spawn(argv, machine, log_dir / "builder-console.log")
     try:
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
-                    if conn.recv(4).startswith(b"SSH-"):
-                        break
-            except OSError:
-                pass
+        while not machines.sshd_answers("127.0.0.1", port):
             if time.monotonic() > deadline or not machines.alive(pid):
                 raise ClusterbakeError(f"builder node did not start sshd; console: {log_dir / 'builder-console.log'}")
             time.sleep(0.1)

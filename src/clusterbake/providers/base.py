@@ -45,6 +45,10 @@ class Provider(ABC):
         """Checks that need the provider (host limits, cloud quotas); raise ConfigError."""
 
     @abstractmethod
+    def find_image(self) -> Path | str:
+        """The image new nodes boot from; MissingImageError when none was built."""
+
+    @abstractmethod
     def provision(self, image: Path | str) -> None:
         """Create (or start again) every node; idempotent."""
 

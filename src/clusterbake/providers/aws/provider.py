@@ -15,6 +15,7 @@ from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.inventory import build_inventory
 from clusterbake.progress import say
 from clusterbake.providers.aws import ami, checks, discover, placement, resources, tags
+from clusterbake.providers.aws.ami import find_ami
 from clusterbake.providers.aws.api import aws_errors, call, ec2_client
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.aws.launch import BATCH, GroupLaunch, NodeLaunch, launch_groups, wait_for_state
@@ -61,6 +62,9 @@ class AwsProvider(Provider):
         return group.instance_type if group else self.config.head.instance_type
 
     # --- lifecycle -------------------------------------------------------------------
+
+    def find_image(self) -> str:
+        return find_ami(self.config, self.state)
 
     @aws_errors
     def validate(self) -> None:

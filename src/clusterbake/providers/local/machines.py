@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -186,6 +187,15 @@ def find_machines(prefix: str) -> dict[str, int]:
             if arg.startswith("--machine=") and arg[len("--machine=") :].startswith(prefix):
                 found[arg[len("--machine=") :]] = int(entry.name)
     return found
+
+
+def sshd_answers(host: str, port: int = 22) -> bool:
+    """Whether an sshd is up at host:port (it sends its banner first)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as conn:
+            return conn.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
 
 
 def _children(pid: int) -> list[int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import uuid
@@ -56,6 +55,11 @@ class LocalProvider(Provider):
                     f"{field}.memory_mb: {section.memory_mb} is more than this host's {memory_mb} MiB; lower it"
                 )
         network.node_addresses(self.config.local.subnet, len(self.nodes))
+
+    def find_image(self) -> Path:
+        from clusterbake.image import find_image
+
+        return find_image(self.config, self.state)
 
     def provision(self, image: Path | str) -> None:
         image_root = Path(image) / "rootfs"
@@ -164,13 +168,7 @@ class LocalProvider(Provider):
         pending = set(names)
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            for name in sorted(pending):
-                try:
-                    with socket.create_connection((addresses[name], 22), timeout=0.5) as conn:
-                        if conn.recv(4).startswith(b"SSH-"):
-                            pending.discard(name)
-                except OSError:
-                    pass
+            pending -= {name for name in sorted(pending) if machines.sshd_answers(addresses[name])}
             if pending:
                 time.sleep(0.1)
         if pending:
