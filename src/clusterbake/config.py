@@ -16,7 +16,9 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -120,17 +122,94 @@ class Partition(Strict):
         return value
 
 
-class StorageMount(Strict):
-    name: Name = Field(description="Names the host directory (local) or the filesystem (clouds).")
-    mount_point: str = Field(description="Absolute path on every node.")
-    type: Literal["hostdir"] = Field("hostdir", description="local: a host directory bind-mounted on every node.")
+class StorageBase(Strict):
+    name: Name = Field(description="Names the host directory (local) or the file system (clouds, in its tags).")
+    mount_point: str = Field(description="Absolute path on every node (/home included on clouds).")
 
     @field_validator("mount_point")
     @classmethod
     def _absolute(cls, value: str) -> str:
-        if not value.startswith("/") or value in ("/", "/home"):
-            raise ValueError("must be an absolute path other than / and /home (/home is always shared)")
+        if not value.startswith("/") or value == "/" or value.endswith("/") or "//" in value:
+            raise ValueError("must be an absolute path other than /, e.g. /shared")
         return value
+
+
+class HostDirStorage(StorageBase):
+    type: Literal["hostdir"] = Field("hostdir", description="local: a host directory bind-mounted on every node.")
+
+
+class NfsStorage(StorageBase):
+    type: Literal["nfs"] = Field(description="aws: exported by the head node from its own disk over NFS.")
+
+
+FILE_SYSTEM_ID_PATTERN = r"^fs-[0-9a-f]{8,17}$"
+
+
+class EfsStorage(StorageBase):
+    type: Literal["efs"] = Field(description="aws: an Amazon EFS file system (NFS 4.1), a mount target in the subnet.")
+    file_system_id: str | None = Field(
+        None,
+        pattern=FILE_SYSTEM_ID_PATTERN,
+        description="Use this existing file system (never created or deleted by clusterbake); default: create one.",
+    )
+    performance_mode: Literal["generalPurpose", "maxIO"] = Field("generalPurpose", description="EFS PerformanceMode.")
+    throughput_mode: Literal["elastic", "bursting"] = Field("elastic", description="EFS ThroughputMode.")
+    retain: bool = Field(False, description="Keep the file system (and its data) on `cluster down`.")
+
+
+FSX_SCRATCH_CAPACITIES = "1200, 2400 or a multiple of 2400"
+
+
+class FsxLustreStorage(StorageBase):
+    type: Literal["fsx_lustre"] = Field(description="aws: an FSx for Lustre file system, optionally linked to S3.")
+    file_system_id: str | None = Field(
+        None,
+        pattern=FILE_SYSTEM_ID_PATTERN,
+        description="Use this existing file system (never created or deleted by clusterbake); default: create one.",
+    )
+    deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"] = Field(
+        "SCRATCH_2", description="SCRATCH_2 (no replication, cheapest) or PERSISTENT_2 (replicated, long-lived)."
+    )
+    storage_capacity_gib: int = Field(1200, ge=1200, description=f"GiB: {FSX_SCRATCH_CAPACITIES}.")
+    throughput_per_tib: Literal[125, 250, 500, 1000] | None = Field(
+        None, description="PERSISTENT_2 only (required there): MB/s per TiB of storage."
+    )
+    s3_path: str | None = Field(
+        None,
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description="s3://bucket[/prefix] linked as a data repository: imported on creation, changes exported.",
+    )
+    retain: bool = Field(False, description="Keep the file system (and its data) on `cluster down`.")
+
+    @model_validator(mode="after")
+    def _capacity_and_throughput(self) -> FsxLustreStorage:
+        capacity = self.storage_capacity_gib
+        if capacity not in (1200, 2400) and capacity % 2400:
+            raise ValueError(f"storage_capacity_gib: {capacity} is not {FSX_SCRATCH_CAPACITIES}")
+        if self.deployment_type == "PERSISTENT_2" and self.throughput_per_tib is None:
+            raise ValueError("throughput_per_tib: required with deployment_type PERSISTENT_2 (125, 250, 500, 1000)")
+        if self.deployment_type == "SCRATCH_2" and self.throughput_per_tib is not None:
+            raise ValueError("throughput_per_tib: only for deployment_type PERSISTENT_2; remove it")
+        return self
+
+
+def _storage_type(value) -> str:
+    if isinstance(value, dict):
+        return value.get("type", "hostdir")
+    return getattr(value, "type", "hostdir")
+
+
+StorageMount = Annotated[
+    Annotated[HostDirStorage, Tag("hostdir")]
+    | Annotated[NfsStorage, Tag("nfs")]
+    | Annotated[EfsStorage, Tag("efs")]
+    | Annotated[FsxLustreStorage, Tag("fsx_lustre")],
+    Discriminator(_storage_type),
+]
+STORAGE_TAGS = ("hostdir", "nfs", "efs", "fsx_lustre")
+STORAGE_TYPES = {"local": ("hostdir",), "aws": ("nfs", "efs", "fsx_lustre")}
+# Where shared storage lands when the config says nothing (defaults in one place).
+DEFAULT_STORAGE_TYPE = {"local": "hostdir", "aws": "nfs"}
 
 
 class User(Strict):
@@ -187,6 +266,13 @@ class AwsConfig(Strict):
     ssh_user: str = Field(
         "ubuntu", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="Login user of the AMI (sudo to root)."
     )
+    kms_key_id: str | None = Field(
+        None,
+        pattern=r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[A-Za-z0-9/_-]+|alias/[A-Za-z0-9/_-]+|"
+        r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$",
+        description="KMS key (id, ARN or alias) that encrypts the join-bundle secrets; default: the AWS managed "
+        "key aws/secretsmanager.",
+    )
     network_interface: str = Field(
         "ens5",
         pattern=r"^[a-z][a-z0-9]{1,14}$",
@@ -229,9 +315,10 @@ class ClusterConfig(Strict):
     partitions: list[Partition] = Field(
         default_factory=list, description="Slurm partitions; default: one per node group, the first the default."
     )
-    storage: list[StorageMount] = Field(
-        default_factory=lambda: [StorageMount(name="shared", mount_point="/shared")],
-        description="Shared filesystems on every node (/home is always shared too).",
+    storage: list[StorageMount] | None = Field(
+        None,
+        description="Shared file systems on every node; default: /shared (local: a host directory, aws: NFS "
+        "from the head). /home is always shared: local a host directory, aws NFS from the head unless listed here.",
     )
     users: list[User] = Field(default_factory=list, description="Cluster users, same UID/GID on every node.")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="Per-environment Slurm plugin choices.")
@@ -242,7 +329,8 @@ class ClusterConfig(Strict):
     def _cross_references(self) -> ClusterConfig:
         _unique("node_groups", [g.name for g in self.node_groups])
         _unique("partitions", [p.name for p in self.partitions])
-        _unique("storage", [s.mount_point for s in self.storage], what="mount_point")
+        _unique("storage", [s.mount_point for s in self.storage or []], what="mount_point")
+        _unique("storage", [s.name for s in self.storage or []])
         _unique("users", [u.name for u in self.users])
         _unique("users", [u.uid for u in self.users], what="uid")
         groups = {g.name for g in self.node_groups}
@@ -268,6 +356,7 @@ class ClusterConfig(Strict):
                     f"node_groups.{index}.capacity_reservation_id: capacity reservations are for on-demand "
                     "instances; remove it or set spot: false"
                 )
+        self._check_storage()
         if self.provider == "aws":
             self._check_aws()
         elif self.image.base != "debian-12":
@@ -292,6 +381,31 @@ class ClusterConfig(Strict):
                         f"{field}.{key}: only for provider local; on aws CPUs, sockets and memory come "
                         f"from the instance type ({section.instance_type}); remove it"
                     )
+
+    def _check_storage(self) -> None:
+        allowed = STORAGE_TYPES[self.provider]
+        for index, mount in enumerate(self.storage or []):
+            if mount.type not in allowed:
+                raise ValueError(
+                    f"storage.{index}.type: {mount.type} is not for provider {self.provider}; "
+                    f"use {' or '.join(allowed)}"
+                )
+            if self.provider == "local" and mount.mount_point == "/home":
+                raise ValueError(
+                    f"storage.{index}.mount_point: /home is always a shared host directory on the local "
+                    "provider; remove this entry"
+                )
+
+    def effective_storage(self) -> list[HostDirStorage | NfsStorage | EfsStorage | FsxLustreStorage]:
+        """Shared file systems of every node, /home first (a cloud cluster always shares it)."""
+        kind = DEFAULT_STORAGE_TYPE[self.provider]
+        by_type = {"hostdir": HostDirStorage, "nfs": NfsStorage}
+        mounts = list(self.storage) if self.storage is not None else [
+            by_type[kind](name="shared", mount_point="/shared", type=kind)
+        ]
+        if self.provider != "local" and not any(m.mount_point == "/home" for m in mounts):
+            mounts.insert(0, by_type[kind](name="home", mount_point="/home", type=kind))
+        return sorted(mounts, key=lambda m: m.mount_point != "/home")
 
     def effective_partitions(self) -> list[Partition]:
         """Partitions as configured, or one default partition per node group."""
@@ -346,6 +460,12 @@ def load_config(path: str | Path) -> ClusterConfig:
         raise ConfigError(f"{path}: invalid config\n" + format_validation_error(exc)) from None
 
 
+def _without_union_tags(loc: tuple) -> list:
+    """storage.0.efs.retain -> storage.0.retain: the tag of a storage entry is its `type`, not a key."""
+    parts = list(loc)
+    return [p for i, p in enumerate(parts) if not (i == 2 and parts[0] == "storage" and p in STORAGE_TAGS)]
+
+
 _HINTS = {
     "extra_forbidden": "unknown key; remove it or check its spelling",
     "missing": "required; add it",
@@ -355,7 +475,7 @@ _HINTS = {
 def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors():
-        location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        location = ".".join(str(part) for part in _without_union_tags(error["loc"])) or "(top level)"
         message = _HINTS.get(error["type"], error["msg"].removeprefix("Value error, "))
         lines.append(f"  {location}: {message}")
     return "\n".join(lines)

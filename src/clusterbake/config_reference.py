@@ -12,10 +12,21 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from clusterbake.config import ClusterConfig
+from clusterbake.config import (
+    ClusterConfig,
+    EfsStorage,
+    FsxLustreStorage,
+    HostDirStorage,
+    NfsStorage,
+    StorageMount,
+)
+
+STORAGE_MODELS = {"hostdir": HostDirStorage, "nfs": NfsStorage, "efs": EfsStorage, "fsx_lustre": FsxLustreStorage}
 
 
 def _type_name(annotation) -> str:
+    if annotation is StorageMount or annotation == list[StorageMount] | None:
+        return "list[storage entry, by type: " + " | ".join(STORAGE_MODELS) + "] | None"
     text = getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else None
     return text or str(annotation).replace("typing.", "").replace("clusterbake.config.", "")
 
@@ -33,11 +44,18 @@ def _default(field) -> str:
     return "required"
 
 
-def _nested_models(annotation) -> list[type[BaseModel]]:
+def _nested_models(annotation) -> list[tuple[str, type[BaseModel]]]:
+    """(suffix of the section name, model) of the models a field holds, at any depth."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        for tag, model in STORAGE_MODELS.items():
+            if annotation is model:
+                return [(f" (type: {tag})", model)]
+        return [("", annotation)]
     found = []
-    for arg in (annotation, *typing.get_args(annotation)):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            found.append(arg)
+    for arg in typing.get_args(annotation):
+        for item in _nested_models(arg):
+            if item not in found:
+                found.append(item)
     return found
 
 
@@ -61,9 +79,9 @@ def render() -> str:
             description = (field.description or "").replace("|", "\\|")
             type_name = _type_name(field.annotation).replace("|", "\\|")
             lines.append(f"| `{name}` | `{type_name}` | `{_default(field)}` | {description} |")
-            for nested in _nested_models(field.annotation):
+            for suffix, nested in _nested_models(field.annotation):
                 prefix = "" if path == "(top level)" else f"{path}."
-                queue.append((f"{prefix}{name}", nested))
+                queue.append((f"{prefix}{name}{suffix}", nested))
         lines.append("")
     return "\n".join(lines)
 

@@ -39,7 +39,7 @@ def cluster_vars(config: ClusterConfig) -> dict:
             }
             for u in config.users
         ],
-        "clusterbake_storage": [s.model_dump() for s in config.storage],
+        "clusterbake_storage": [s.model_dump() for s in config.effective_storage()],
         # The configure half keeps the same CAs the image was baked with.
         "clusterbake_extra_ca_certificates": extra_ca_files(config),
         "slurm_proctrack_type": plugins["proctrack_type"],

@@ -35,7 +35,7 @@ def test_defaults_in_one_place(tmp_path):
     config = load_config(write(tmp_path, MINIMAL))
     assert config.provider == "local"
     assert config.local.subnet == "10.77.0.0/24"
-    assert [s.mount_point for s in config.storage] == ["/shared"]
+    assert [s.mount_point for s in config.effective_storage()] == ["/shared"]
     parts = config.effective_partitions()
     assert [(p.name, p.node_groups, p.default) for p in parts] == [("cpu", ["cpu"], True)]
     assert config.slurm_plugins()["proctrack_type"] == "proctrack/linuxproc"

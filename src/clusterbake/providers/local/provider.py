@@ -34,7 +34,7 @@ class LocalProvider(Provider):
 
     def _binds(self) -> dict[str, Path]:
         binds = {"/home": self.cluster.home}
-        for mount in self.config.storage:
+        for mount in self.config.effective_storage():
             binds[mount.mount_point] = self.cluster.storage(mount.name)
         return binds
 
@@ -75,7 +75,7 @@ class LocalProvider(Provider):
             directory.mkdir(parents=True, exist_ok=True)
         # Shared storage is like /tmp: every user can create their own directories
         # (checkpoints, job logs); the sticky bit keeps them theirs.
-        for mount in self.config.storage:
+        for mount in self.config.effective_storage():
             self.cluster.storage(mount.name).chmod(0o1777)
         self.cluster.write_state(
             {
