@@ -400,9 +400,11 @@ class ClusterConfig(Strict):
         """Shared file systems of every node, /home first (a cloud cluster always shares it)."""
         kind = DEFAULT_STORAGE_TYPE[self.provider]
         by_type = {"hostdir": HostDirStorage, "nfs": NfsStorage}
-        mounts = list(self.storage) if self.storage is not None else [
-            by_type[kind](name="shared", mount_point="/shared", type=kind)
-        ]
+        mounts = (
+            list(self.storage)
+            if self.storage is not None
+            else [by_type[kind](name="shared", mount_point="/shared", type=kind)]
+        )
         if self.provider != "local" and not any(m.mount_point == "/home" for m in mounts):
             mounts.insert(0, by_type[kind](name="home", mount_point="/home", type=kind))
         return sorted(mounts, key=lambda m: m.mount_point != "/home")
