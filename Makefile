@@ -7,12 +7,12 @@ CONFIG ?= $(if $(filter aws,$(PROVIDER)),examples/aws-p5.yaml,clusterbake.yaml)
 PYTHON ?= python3
 VENV := .venv
 CB := $(VENV)/bin/clusterbake --config $(CONFIG)
-HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client python3-venv git rsync
+HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client openssh-server python3-venv git rsync
 STAMP_VENV := $(VENV)/.installed
-PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join
+PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot
 
 .DEFAULT_GOAL := help
-.PHONY: help deps venv validate image cluster job status destroy lint test test-unit test-integration bench
+.PHONY: help deps venv validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -52,6 +52,16 @@ status: venv ## Nodes and their Slurm state
 
 destroy: venv ## Remove every node, network and mount of the cluster
 	$(CB) cluster down
+
+TWIN_CONFIG ?= examples/aws-twin.yaml
+TWIN_ENV = eval "$$($(VENV)/bin/clusterbake twin up aws)"
+twin: deps venv ## The EC2 twin, then an AWS cluster on it (TWIN_CONFIG, default examples/aws-twin.yaml)
+	$(TWIN_ENV) && $(VENV)/bin/clusterbake --config $(TWIN_CONFIG) cluster up
+
+twin-destroy: venv ## Remove the twin's cluster, then the twin (its nodes, bridge and state)
+	if $(VENV)/bin/clusterbake twin status aws | grep -q '"running": true'; then \
+	  $(TWIN_ENV) && $(VENV)/bin/clusterbake --config $(TWIN_CONFIG) cluster down; fi
+	$(VENV)/bin/clusterbake twin down aws
 
 lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
 	$(VENV)/bin/ruff check $(PY_SOURCES)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from clusterbake import cluster
 from clusterbake.config import DEFAULT_CONFIG, ClusterConfig, extra_ca_files, load_config
 from clusterbake.errors import ClusterbakeError
+from clusterbake.progress import say
 from clusterbake.providers import get_provider
 from clusterbake.state import StateDir
 
@@ -89,10 +89,12 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
+    from clusterbake import remote
+
     provider = get_provider(_load(args))
-    command = args.extra or args.command
-    argv = provider.ssh_argv(args.node, command, tty=sys.stdin.isatty() and not command)
-    return subprocess.run(argv).returncode
+    words = args.extra or args.command
+    # As with ssh: the words are joined into one shell command line (`-- 'squeue | wc -l'` works).
+    return remote.interactive(provider.endpoint(args.node), " ".join(words) if words else None)
 
 
 def cmd_node(args: argparse.Namespace) -> int:
@@ -137,6 +139,25 @@ def cmd_job_report(args: argparse.Namespace) -> int:
     data, text, status = jobs.report(head, args.job_id)
     print(json.dumps(data, indent=2) if args.json else text)
     return status
+
+
+def cmd_twin(args: argparse.Namespace) -> int:
+    from clusterbake.twins.aws import control
+
+    state = StateDir.for_config(_load(args))
+    if args.twin_command == "up":
+        for key, value in control.up(_load(args), state).items():
+            print(f"export {key}={value}")
+        say('    use it: eval "$(clusterbake twin up aws)" (prints the lines above), then any clusterbake command')
+    elif args.twin_command == "status":
+        print(json.dumps(control.status(state), indent=2))
+    else:
+        removed = control.down(state)
+        for item in removed:
+            say(f"    removed {item}")
+        if not removed:
+            say("    nothing to remove")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,6 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("job_id")
     rep.add_argument("--json", action="store_true")
     rep.set_defaults(func=cmd_job_report)
+
+    twin = sub.add_parser(
+        "twin", help="a local emulator of a cloud whose instances boot as local nodes (aws: EC2 on moto)"
+    ).add_subparsers(dest="twin_command", required=True)
+    for name, text in (
+        ("up", "start it (builds its node image first); prints the AWS_* environment that points at it"),
+        ("status", "the twin's endpoint, ids and instances (JSON)"),
+        ("down", "stop it: every node, namespace, the bridge and its state go"),
+    ):
+        command = twin.add_parser(name, help=text)
+        command.add_argument("cloud", choices=["aws"])
+        command.set_defaults(func=cmd_twin)
 
     node = sub.add_parser("node", help="stop or start one node")
     node.add_argument("action", choices=["start", "stop"])

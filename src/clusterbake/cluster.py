@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from clusterbake import remote
 from clusterbake.ansible import ansible_env, run_playbook
 from clusterbake.config import ClusterConfig, extra_ca_files
 from clusterbake.errors import ClusterbakeError
@@ -15,6 +15,7 @@ from clusterbake.paths import repo_root
 from clusterbake.progress import phase, say
 from clusterbake.providers import get_provider
 from clusterbake.providers.base import Provider
+from clusterbake.remote import Endpoint
 from clusterbake.state import StateDir
 
 IDLE_TIMEOUT = 90.0
@@ -55,6 +56,7 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False) -
             ansible_env(config_path, state.root),
         )
         say(f"    {result.ok} ok, {result.changed} changed on {len(result.recap)} nodes")
+        provider.after_configure()
     summary["changed"] = result.changed
     with phase("wait for compute nodes to be idle in Slurm"):
         states = wait_idle(provider)
@@ -64,13 +66,13 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False) -
 
 
 def slurm_node_states(provider: Provider) -> dict[str, str]:
-    # One string: ssh hands the remote shell its arguments joined by spaces.
-    argv = provider.ssh_argv("head", ["sinfo --noheader --Node --format='%N %t'"])
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    if result.returncode != 0:
-        raise ClusterbakeError(f"sinfo on the head node failed: {result.stderr.strip()}")
+    return _sinfo_states(provider.endpoint("head"))
+
+
+def _sinfo_states(head: Endpoint) -> dict[str, str]:
+    result = remote.run(head, ["sinfo", "--noheader", "--Node", "--format=%N %t"], timeout=30)
     states = {}
-    for line in result.stdout.splitlines():
+    for line in result.text().splitlines():
         name, _, state = line.partition(" ")
         states[name] = state.strip()
     return states
@@ -80,8 +82,9 @@ def wait_idle(provider: Provider, timeout: float = IDLE_TIMEOUT) -> dict[str, st
     expected = {n.name for n in provider.nodes if n.role == "compute"}
     deadline = time.monotonic() + timeout
     states: dict[str, str] = {}
+    head = provider.endpoint("head")  # one lookup (an API call on clouds), one connection for every poll
     while time.monotonic() < deadline:
-        states = slurm_node_states(provider)
+        states = _sinfo_states(head)
         if expected <= set(states) and all(states[n] in ("idle", "mix", "alloc") for n in expected):
             return {n: states[n] for n in expected}
         time.sleep(0.5)
@@ -98,7 +101,7 @@ def status(config: ClusterConfig) -> dict:
     if any(n.role == "head" and n.state == "running" for n in nodes):
         try:
             slurm = slurm_node_states(provider)
-        except (ClusterbakeError, subprocess.TimeoutExpired) as exc:
+        except ClusterbakeError as exc:  # remote.RemoteError included
             slurm = {"error": str(exc)}
     state = provider.cluster.read_state()
     return {

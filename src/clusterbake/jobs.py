@@ -1,16 +1,15 @@
 """Submit job templates from the workstation, follow them, report on them.
 
-Everything goes through the head node over SSH (the provider's ssh_argv), so the
-same code serves the local cluster and cloud clusters. Jobs run as a cluster
-user (the config's first user unless --user says otherwise), never as root by
-accident.
+Everything goes through the head node over SSH (clusterbake.remote, to the provider's
+endpoint; one connection for the whole session), so the same code serves the local
+cluster and cloud clusters. Jobs run as a cluster user (the config's first user
+unless --user says otherwise), never as root by accident.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -18,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterbake import remote
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.job_report import detect_transport, format_report, training_summary
@@ -25,6 +25,7 @@ from clusterbake.paths import repo_root
 from clusterbake.progress import say
 from clusterbake.providers import get_provider
 from clusterbake.providers.base import Provider
+from clusterbake.remote import Endpoint
 
 JOBS_DIR = "/shared/jobs"
 TERMINAL = {
@@ -46,17 +47,17 @@ class Head:
 
     def __init__(self, provider: Provider):
         self.provider = provider
+        self._endpoint: Endpoint | None = None
 
-    def run(self, command: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            self.provider.ssh_argv("head", [command]), input=stdin, capture_output=True, timeout=120
-        )
-        if check and result.returncode != 0:
-            raise ClusterbakeError(
-                f"on the head node: {command.split(chr(10))[0][:120]} failed: "
-                f"{result.stderr.decode(errors='replace').strip()}"
-            )
-        return result
+    @property
+    def endpoint(self) -> Endpoint:
+        if self._endpoint is None:  # found once: on clouds the lookup is an API call
+            self._endpoint = self.provider.endpoint("head")
+        return self._endpoint
+
+    def run(self, command: str, stdin: bytes | None = None, check: bool = True) -> remote.Result:
+        """A shell command line as root; stdout/stderr as bytes. check: raise on a non-zero exit status."""
+        return remote.run(self.endpoint, command, stdin=stdin, timeout=120, check=check)
 
     def text(self, command: str) -> str:
         return self.run(command).stdout.decode(errors="replace")

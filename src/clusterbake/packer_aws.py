@@ -43,7 +43,7 @@ MARKER = "# clusterbake:plugin-settings"
 MANIFEST_PATH = Path("ansible/group_vars/all/versions.yml")
 # The AMI changes when any of these does (documentation excepted).
 # Feature groups of the AWS GPU image when the settings name none.
-DEFAULT_FEATURES = ("cuda", "nvswitch", "efa", "dcgm", "lustre", "s3")
+DEFAULT_FEATURES = ("aws", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3")
 
 # The settings build_aws_image reads, with their defaults (region is required).
 DEFAULTS: dict[str, object] = {

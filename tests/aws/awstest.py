@@ -24,8 +24,12 @@ class Moto:
     env: dict[str, str]
 
     def ec2(self):
+        return self.client("ec2")
+
+    def client(self, service: str):
+        """A boto3 client of `service` (iam, sts, kms, secretsmanager, efs, fsx, s3, ...) on the server."""
         return boto3.client(
-            "ec2",
+            service,
             region_name=REGION,
             endpoint_url=self.url,
             aws_access_key_id="testing",

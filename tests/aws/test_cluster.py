@@ -11,6 +11,8 @@ are covered with botocore's Stubber in test_stubbed.py and test_placement.py.
 from __future__ import annotations
 
 import base64
+import email
+import json
 
 import pytest
 import yaml
@@ -73,12 +75,19 @@ def test_hostnames_come_from_each_nodes_user_data(moto, p5):
     for instance in live_instances(ec2, CLUSTER):
         name = tag_map(instance)["clusterbake:name"]
         raw = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
-        user_data = base64.b64decode(raw["UserData"]["Value"]).decode()
-        assert user_data.startswith("#cloud-config\n")
-        cloud = yaml.safe_load(user_data)
-        assert cloud["hostname"] == name
+        message = email.message_from_bytes(base64.b64decode(raw["UserData"]["Value"]))
+        parts = {
+            p.get_content_type(): p.get_payload(decode=True).decode() for p in message.walk() if not p.is_multipart()
+        }
+        # cloud-init reads the cloud-config part, the image's boot service its own (role cloud_boot).
+        cloud = yaml.safe_load(parts["text/cloud-config"])
+        ours = json.loads(parts["text/x-clusterbake"])
         public_key = (p5["state_dir"] / "clusters" / CLUSTER / "ssh" / "id_ed25519.pub").read_text().strip()
-        assert cloud["ssh_authorized_keys"] == [public_key]
+        assert cloud["hostname"] == ours["hostname"] == name
+        assert cloud["ssh_authorized_keys"] == ours["ssh_authorized_keys"] == [public_key]
+        assert ours["cluster"] == CLUSTER and ours["ssh_user"] == "ubuntu"
+        # The join bundle holds the munge key: user data only says where it is.
+        assert "munge" not in json.dumps(ours)
 
 
 def test_gpu_launch_template_has_imdsv2_32_efa_interfaces_and_placement(moto, p5, network):

@@ -24,12 +24,14 @@ def test_inventory_of_more_than_one_page(own_moto, tmp_path):
     moto, ami_id = own_moto
     assert COUNT + 1 > PAGE_SIZE
     ec2 = moto.ec2()
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.0.0/20")["Subnet"]["SubnetId"]
     config = {
         "cluster_name": "big",
         "provider": "aws",
         "image": {"base": "ubuntu-22.04"},
-        # The inventory reads neither: placeholders.
-        "aws": {"region": REGION, "vpc_id": "vpc-0123456789abcdef0", "subnet_id": "subnet-0123456789abcdef0"},
+        # The inventory reads the subnet's range (the head's NFS exports admit it).
+        "aws": {"region": REGION, "vpc_id": vpc, "subnet_id": subnet},
         "head": {"instance_type": "m7i.large"},
         "node_groups": [{"name": "cpu", "count": COUNT, "instance_type": "c7i.large"}],
     }
@@ -45,6 +47,7 @@ def test_inventory_of_more_than_one_page(own_moto, tmp_path):
             TagSpecifications=[tags.spec("instance", tags.node_tags("big", role, group, name))],
         )
     inv = inventory(moto, tmp_path, path)
+    assert inv["all"]["vars"]["clusterbake_subnet_cidr"] == "10.40.0.0/20"
     hostvars = inv["_meta"]["hostvars"]
     assert len(hostvars) == COUNT + 1
     assert len(inv["slurm_compute"]["hosts"]) == COUNT and inv["slurm_head"]["hosts"] == ["head"]

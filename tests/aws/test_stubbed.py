@@ -147,7 +147,22 @@ def test_inventory_reports_the_instances_placement_group(tmp_path):
                 "MaxResults": 1000,
             },
         )
+        # Storage defaults to NFS from the head: its exports admit the subnet's range.
+        stub.add_response(
+            "describe_subnets",
+            {
+                "Subnets": [
+                    {
+                        "SubnetId": "subnet-0123456789abcdef0",
+                        "CidrBlock": "10.0.0.0/24",
+                        "VpcId": "vpc-0123456789abcdef0",
+                    }
+                ]
+            },
+            {"SubnetIds": ["subnet-0123456789abcdef0"]},
+        )
         inv = provider.inventory()
+    assert inv["all"]["vars"]["clusterbake_subnet_cidr"] == "10.0.0.0/24"
     hostvars = inv["_meta"]["hostvars"]
     assert hostvars["gpu-1"]["clusterbake_placement_group"] == "clusterbake-p5demo-gpu"
     assert hostvars["head"]["clusterbake_placement_group"] is None

@@ -38,6 +38,8 @@ def on(node, command, config=CONFIG, **kwargs):
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.geteuid() != 0 and os.environ.get("CLUSTERBAKE_REQUIRE_INTEGRATION"):
+        raise pytest.UsageError("the integration tests need root, and this run requires them (CI)")
     if os.geteuid() != 0:
         marker = pytest.mark.skip(reason="integration tests need root (nspawn, netns, mounts); run `make test` as root")
         for item in items:

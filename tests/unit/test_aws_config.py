@@ -1,4 +1,4 @@
-"""The aws parts of the config schema, the image record contract and the SSH command line."""
+"""The aws parts of the config schema, the image record contract and the SSH endpoint."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from clusterbake.config import ClusterConfig, load_config
 from clusterbake.errors import ConfigError, MissingImageError
 from clusterbake.providers.aws.ami import find_ami, record_path, write_record
 from clusterbake.providers.aws.provider import AwsProvider
+from clusterbake.remote import command_line
 from clusterbake.state import StateDir
 
 AWS = """
@@ -130,17 +131,22 @@ def test_ami_from_the_image_record(tmp_path):
 
 def test_ssh_runs_the_command_as_root_through_the_bastion(tmp_path):
     provider = AwsProvider(_config(bastion="ec2-user@bastion.example.com"), StateDir(tmp_path), client=object())
+    endpoint = provider._endpoint_to("gpu-1", "10.0.0.11")
+    assert (endpoint.name, endpoint.user, endpoint.host, endpoint.port) == ("gpu-1", "ubuntu", "10.0.0.11", 22)
+    assert endpoint.gateway == "ec2-user@bastion.example.com" and endpoint.sudo
+    assert endpoint.host_key_policy == "accept-new"
+    assert endpoint.known_hosts == provider.cluster.known_hosts and endpoint.key_file == provider.cluster.ssh_key
     command = "sinfo --noheader --Node --format='%N %t'"
-    argv = provider._ssh_to("10.0.0.11", [command])
-    assert argv[0] == "ssh" and "ProxyJump=ec2-user@bastion.example.com" in argv
-    assert "StrictHostKeyChecking=accept-new" in argv
-    at = argv.index("ubuntu@10.0.0.11")
-    assert argv[at + 1] == "--"
-    # ssh joins the words for the remote login shell; sh -c must get the command unchanged.
-    assert shlex.split(" ".join(argv[at + 2 :])) == ["sudo", "-n", "sh", "-c", command]
-    assert provider._ssh_to("10.0.0.11", [], tty=True)[-2:] == ["sudo", "-i"]
+    # The login shell gets one word list: sudo -n sh -c <the command line unchanged>.
+    assert shlex.split(command_line(endpoint, command)) == ["sudo", "-n", "sh", "-c", command]
+    assert shlex.split(command_line(endpoint, ["echo", "a b"])) == ["sudo", "-n", "sh", "-c", "echo 'a b'"]
+    # Ansible still talks OpenSSH, with the same known_hosts, trust on first use and the bastion.
+    options = provider._ssh_options()
+    assert "ProxyJump=ec2-user@bastion.example.com" in options and "StrictHostKeyChecking=accept-new" in options
+    assert f"UserKnownHostsFile={provider.cluster.known_hosts}" in options
     no_bastion = AwsProvider(_config(), StateDir(tmp_path), client=object())
-    assert not any("ProxyJump" in a for a in no_bastion._ssh_to("10.0.0.11", ["true"]))
+    assert no_bastion._endpoint_to("head", "10.0.0.10").gateway is None
+    assert not any("ProxyJump" in a for a in no_bastion._ssh_options())
 
 
 def test_image_base_must_match_the_provider(tmp_path):

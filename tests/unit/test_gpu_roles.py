@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,11 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from playbook_run import ANSIBLE_PLAYBOOK, PLAYBOOKS, REPO, playbook_env
 
-REPO = Path(__file__).resolve().parents[2]
-PLAYBOOKS = REPO / "tests" / "playbooks"
 MANIFEST = REPO / "ansible" / "group_vars" / "all" / "versions.yml"
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 # Files the roles would write on a real builder; check mode must leave them alone.
 HOST_FILES = [
     Path("/etc/fuse.conf"),
@@ -38,11 +35,9 @@ HOST_FILES = [
 ]
 
 sys.path.insert(0, str(REPO / "roles" / "lustre_client" / "filter_plugins"))
-from lustre_client import (  # noqa: E402
-    lustre_client_module_kernels,
-    lustre_client_mount_unit,
-    lustre_client_systemd_escape_path,
-)
+sys.path.insert(0, str(REPO / "ansible" / "filter_plugins"))
+from lustre_client import lustre_client_module_kernels  # noqa: E402
+from systemd_units import systemd_escape_path, systemd_mount_unit  # noqa: E402
 
 
 def _host_state() -> dict[str, tuple[int, int] | None]:
@@ -64,20 +59,14 @@ def check_run(tmp_path_factory, manifest):
     record = tmp / "record.json"
     driver = manifest["nvidia_driver"]["version"]
     nccl = manifest["nccl"]["version"].rsplit("-", 1)[0] + "+cuda" + manifest["cuda"]["version"]
-    env = {
-        **os.environ,
-        "PATH": f"{PLAYBOOKS / 'fakebin'}:{ANSIBLE_PLAYBOOK.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg"),
-        "ANSIBLE_CALLBACK_PLUGINS": str(PLAYBOOKS / "callback_plugins"),
-        "ANSIBLE_CALLBACKS_ENABLED": "clusterbake_record",
-        "ANSIBLE_LOCAL_TEMP": str(tmp / "local"),
-        "ANSIBLE_REMOTE_TEMP": str(tmp / "remote"),
-        "ANSIBLE_NOCOLOR": "1",
-        "CLUSTERBAKE_RECORD_FILE": str(record),
-        "FAKE_NVIDIA_SMI_VERSION": driver,
-        "FAKE_NVIDIA_MODULE_VERSION": driver,
-        "FAKE_NCCL_VERSION": nccl,
-    }
+    env = playbook_env(
+        tmp,
+        PLAYBOOKS / "fakebin",
+        record,
+        FAKE_NVIDIA_SMI_VERSION=driver,
+        FAKE_NVIDIA_MODULE_VERSION=driver,
+        FAKE_NCCL_VERSION=nccl,
+    )
     before = _host_state()
     proc = subprocess.run(
         [
@@ -359,11 +348,11 @@ def test_mount_unit_names_match_systemd_escape(path):
         "/": "-.mount",
         "/x:y_z.w": "x:y_z.w.mount",
     }[path]
-    assert lustre_client_mount_unit(path) == expected
+    assert systemd_mount_unit(path) == expected
     if shutil.which("systemd-escape"):
         tool = subprocess.run(["systemd-escape", "--path", "--suffix=mount", path], capture_output=True, text=True)
         assert tool.stdout.strip() == expected
-    assert lustre_client_systemd_escape_path(".x") == "\\x2ex"
+    assert systemd_escape_path(".x") == "\\x2ex"
 
 
 def test_module_kernels_are_in_version_order_and_one_flavour():

@@ -1,8 +1,12 @@
-"""clusterbake-node-join applied to a root directory: files, CA certificates, sudo, idempotence."""
+"""clusterbake-node-join applied to a root directory: files, CA certificates, sudo, mounts, idempotence."""
 
 import base64
+import grp
+import importlib.machinery
+import importlib.util
 import json
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +119,151 @@ def test_install_keeps_the_bundle_from_stdin_private(root, tmp_path):
         input=text, capture_output=True, text=True,
     )  # fmt: skip
     assert changed(again) == []
+
+
+# --- mounts (shared_storage's .mount units): before the users ---------------------------
+
+HOME_UNIT = "[Unit]\nDescription=t\n\n[Mount]\nWhat=10.0.7.21:/\nWhere=/home\nType=nfs4\nOptions=hard,_netdev\n"
+
+
+def mount_spec(text: str = HOME_UNIT, unit: str = "home.mount") -> dict:
+    return {"path": f"/etc/systemd/system/{unit}", "content_b64": b64(text), "mode": "0644"}
+
+
+def test_mounts_are_written_before_the_users_and_files(root, tmp_path):
+    first = changed(join(root, bundle(mounts=[mount_spec()]), tmp_path))
+    unit = root / "etc/systemd/system/home.mount"
+    assert unit.read_text() == HOME_UNIT and unit.stat().st_mode & 0o777 == 0o644
+    # --root: the unit files only (no systemctl), in the order of the program's steps.
+    assert "/etc/systemd/system/home.mount" in first
+    assert first.index("/etc/systemd/system/home.mount") < first.index("sudo alice") < first.index("/etc/hosts")
+    assert changed(join(root, bundle(mounts=[mount_spec()]), tmp_path)) == []
+
+
+def _load_program():
+    loader = importlib.machinery.SourceFileLoader("clusterbake_node_join", str(PROGRAM))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+program = _load_program()
+
+
+def test_apply_mounts_before_it_creates_users(root):
+    calls = []
+
+    class Recording(program.Node):
+        def mounts(self, units):
+            calls.append(("mounts", [Path(u["path"]).name for u in units]))
+
+        def users(self, users, manage_homes):
+            calls.append(("users", [u["name"] for u in users]))
+
+        def write_file(self, spec, label=None):
+            calls.append(("file", spec["path"]))
+            return False
+
+        def services(self, services):
+            calls.append(("services", services))
+
+    program.apply(bundle(mounts=[mount_spec()], ca_certificates=[]), Recording(root, boot=True))
+    assert [c[0] for c in calls] == ["mounts", "users", "file", "file", "services"]
+    assert calls[0] == ("mounts", ["home.mount"])
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# A systemd stand-in: units are active/enabled when a file of their name exists.
+echo "systemctl $*" >> "$FAKE_SYSTEMD/log"
+[ "$2" = "--quiet" ] && unit=$3 || unit=$2
+case "$1" in
+  daemon-reload) ;;
+  is-active) [ -e "$FAKE_SYSTEMD/active/$unit" ] ;;
+  is-enabled) [ -e "$FAKE_SYSTEMD/enabled/$unit" ] ;;
+  enable) touch "$FAKE_SYSTEMD/enabled/$unit" ;;
+  start) touch "$FAKE_SYSTEMD/active/$unit" ;;
+  *) exit 3 ;;
+esac
+"""
+FAKE_UMOUNT = """#!/bin/sh
+# Fails like umount on a busy file system (EBUSY, status 32) when told to.
+echo "umount $*" >> "$FAKE_SYSTEMD/log"
+[ -e "$FAKE_SYSTEMD/busy" ] && exit 32
+rm -f "$FAKE_SYSTEMD/active/$(echo "$1" | sed 's|^/||; s|/|-|g').mount"
+"""
+
+
+@pytest.fixture
+def systemd(tmp_path, monkeypatch):
+    """Fake systemctl and umount on PATH; returns a function giving (and clearing) their calls."""
+    state = tmp_path / "systemd"
+    for sub in ("bin", "active", "enabled"):
+        (state / sub).mkdir(parents=True)
+    for name, text in (("systemctl", FAKE_SYSTEMCTL), ("umount", FAKE_UMOUNT)):
+        (state / "bin" / name).write_text(text)
+        (state / "bin" / name).chmod(0o755)
+    monkeypatch.setenv("FAKE_SYSTEMD", str(state))
+    monkeypatch.setenv("PATH", f"{state / 'bin'}:{os.environ['PATH']}")
+
+    def calls() -> list[str]:
+        log = state / "log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        log.unlink(missing_ok=True)
+        return lines
+
+    calls.state = state
+    return calls
+
+
+def live_mounts(root: Path, units: list[dict]) -> list[str]:
+    """Node.mounts as on a live node (systemctl and umount are the fakes), files under `root`."""
+    node = program.Node(root, boot=True)
+    node.live = True
+    me = pwd.getpwuid(os.getuid()).pw_name
+    group = grp.getgrgid(os.getgid()).gr_name
+    node.mounts([dict(u, owner=me, group=group) for u in units])
+    return node.changed
+
+
+def test_live_mount_is_written_enabled_and_started(root, systemd):
+    assert live_mounts(root, [mount_spec()]) == [
+        "/etc/systemd/system/home.mount",
+        "enabled home.mount",
+        "mounted home.mount",
+    ]
+    assert systemd() == [
+        "systemctl daemon-reload",
+        "systemctl is-enabled --quiet home.mount",
+        "systemctl enable --quiet home.mount",
+        "systemctl is-active --quiet home.mount",
+        "systemctl start home.mount",  # a plain start even at boot: the users need the mount
+    ]
+    # Mounted and unchanged: left alone, nothing reported.
+    assert live_mounts(root, [mount_spec()]) == []
+    assert systemd() == ["systemctl is-enabled --quiet home.mount", "systemctl is-active --quiet home.mount"]
+
+
+def test_changed_unit_is_remounted_when_nothing_uses_it(root, systemd):
+    live_mounts(root, [mount_spec()])
+    systemd()
+    changed_unit = HOME_UNIT.replace("hard,_netdev", "hard,noresvport,_netdev")
+    assert live_mounts(root, [mount_spec(changed_unit)]) == ["/etc/systemd/system/home.mount", "mounted home.mount"]
+    calls = systemd()
+    assert calls[0] == "systemctl daemon-reload"
+    assert calls.index("umount /home") < calls.index("systemctl start home.mount")
+    assert not any("restart" in call or "stop" in call for call in calls)
+
+
+def test_changed_unit_of_a_busy_mount_waits_for_the_next_boot(root, systemd):
+    live_mounts(root, [mount_spec()])
+    systemd()
+    (systemd.state / "busy").touch()
+    changed_unit = HOME_UNIT.replace("hard,_netdev", "hard,noresvport,_netdev")
+    assert live_mounts(root, [mount_spec(changed_unit)]) == [
+        "/etc/systemd/system/home.mount",
+        "changed home.mount, remount at next boot (/home is busy)",
+    ]
+    assert "systemctl start home.mount" not in systemd()
+    assert (root / "etc/systemd/system/home.mount").read_text() == changed_unit
+    assert (systemd.state / "active" / "home.mount").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
+from clusterbake.remote import Endpoint
 from clusterbake.state import ClusterDir, StateDir
 from clusterbake.topology import NodeSpec, plan_nodes
 
@@ -53,7 +54,30 @@ class Provider(ABC):
         """Create (or start again) every node; idempotent."""
 
     def wait_ready(self) -> None:  # noqa: B027 (optional hook: the local provider waits in provision)
-        """Before configuration: wait until every node answers SSH (provision may already have)."""
+        """Before configuration: wait until every node answers SSH (provision may already have).
+
+        Cloud providers probe all nodes at once: clusterbake.remote.wait_ready over their endpoints.
+        """
+
+    def tell_slurm_down(self, name: str, reason: str) -> None:
+        """Mark a compute node DOWN in Slurm before its machine goes (best effort: the head may be down too).
+
+        slurmctld would otherwise keep showing the node idle until SlurmdTimeout; with
+        ReturnToService=2 the node returns to service when its slurmd registers again.
+        """
+        from clusterbake import remote
+        from clusterbake.progress import say
+
+        if self.node(name).role != "compute":
+            return
+        command = ["scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}"]
+        try:
+            remote.run(self.endpoint("head"), command, timeout=30, check=True)
+        except Exception as exc:  # the head may be stopped or unreachable: the node goes anyway
+            say(f"    warning: could not mark {name} down in Slurm ({str(exc).splitlines()[0]})")
+
+    def after_configure(self) -> None:  # noqa: B027 (optional hook)
+        """After Ansible configured the cluster: publish what nodes fetch by themselves (cloud join bundles)."""
 
     @abstractmethod
     def destroy(self) -> list[str]:
@@ -67,7 +91,8 @@ class Provider(ABC):
         """`ansible-inventory --list` JSON of the running nodes."""
 
     @abstractmethod
-    def ssh_argv(self, node: str, command: list[str], tty: bool = False) -> list[str]: ...
+    def endpoint(self, node: str) -> Endpoint:
+        """How to reach a node over SSH (clusterbake.remote runs the commands)."""
 
     @abstractmethod
     def start_node(self, name: str) -> None: ...

@@ -1,4 +1,4 @@
-"""EC2 clients and the one retry policy every call goes through.
+"""AWS clients and the one retry policy every call goes through.
 
 boto3 reads the standard environment itself (AWS_PROFILE, AWS_ENDPOINT_URL,
 AWS_ACCESS_KEY_ID, ...); the region comes from the config. botocore's own retries
@@ -25,12 +25,18 @@ BASE_DELAY = 0.5
 MAX_DELAY = 20.0
 
 
-def ec2_client(region: str):
+def client(service: str, region: str):
+    """A boto3 client of `service` (iam, sts, kms, secretsmanager, efs, fsx, s3, ...) with
+    botocore's retries off: `call` is the one retry policy."""
     import boto3
     from botocore.config import Config
 
     config = Config(retries={"mode": "standard", "total_max_attempts": 1}, user_agent_appid="clusterbake")
-    return boto3.session.Session().client("ec2", region_name=region, config=config)
+    return boto3.session.Session().client(service, region_name=region, config=config)
+
+
+def ec2_client(region: str):
+    return client("ec2", region)
 
 
 def error_code(exc: BaseException) -> str:
@@ -64,16 +70,26 @@ def call(
 
 
 def paginate(
-    client, operation: str, key: str, *, retry_codes: frozenset[str] = THROTTLING, **params: Any
+    client,
+    operation: str,
+    key: str,
+    *,
+    retry_codes: frozenset[str] = THROTTLING,
+    token_in: str = "NextToken",
+    token_out: str | None = None,
+    **params: Any,
 ) -> list[dict]:
-    """Every item of a paginated Describe call (each page retried on throttling)."""
+    """Every item of a paginated call (each page retried on throttling).
+
+    Most APIs page with NextToken; IAM sends `Marker` and answers `Marker` (token_in="Marker"),
+    EFS answers `NextMarker` (token_in="Marker", token_out="NextMarker")."""
     items: list[dict] = []
     token = None
     method = getattr(client, operation)
     while True:
-        page = call(method, retry_codes=retry_codes, **params, **({"NextToken": token} if token else {}))
+        page = call(method, retry_codes=retry_codes, **params, **({token_in: token} if token else {}))
         items += page.get(key, [])
-        token = page.get("NextToken")
+        token = page.get(token_out or token_in)
         if not token:
             return items
 

@@ -23,6 +23,7 @@ from clusterbake.errors import ClusterbakeError
 from clusterbake.progress import say
 from clusterbake.providers.aws import tags
 from clusterbake.providers.aws.api import THROTTLING, call, error_code, paginate
+from clusterbake.providers.aws.iam import call_while_profile_not_ready
 
 # Right after RunInstances, DescribeInstances may not know the new ids yet.
 NOT_YET_VISIBLE = frozenset({"InvalidInstanceID.NotFound"})
@@ -43,6 +44,8 @@ class NodeLaunch:
     template_version: str
     user_data: str
     tags: dict[str, str]
+    # The template's interfaces with the node's kept address on the first one (None: the template's).
+    network_interfaces: list[dict] | None = None
 
 
 @dataclass
@@ -84,7 +87,9 @@ def launch_groups(
 
 
 def _run_one(client, node: NodeLaunch, run_id: str) -> dict:
-    response = call(
+    extra = {"NetworkInterfaces": node.network_interfaces} if node.network_interfaces else {}
+    # A brand-new instance profile may be unknown to EC2 for a few seconds (IAM is eventually consistent).
+    response = call_while_profile_not_ready(
         client.run_instances,
         LaunchTemplate={"LaunchTemplateId": node.template_id, "Version": node.template_version},
         MinCount=1,
@@ -93,6 +98,7 @@ def _run_one(client, node: NodeLaunch, run_id: str) -> dict:
         TagSpecifications=[tags.spec("instance", node.tags)],
         # A retried call (throttling, a lost response) must not launch the node twice.
         ClientToken=f"cb-{run_id}-{node.name}"[:64],
+        **extra,
     )
     return response["Instances"][0]
 

@@ -6,7 +6,7 @@ Security group `clusterbake-<cluster>` (in aws.vpc_id):
 - EC2's default egress to 0.0.0.0/0 stays (package mirrors, S3).
 
 Launch template `clusterbake-<cluster>-<nodegroup>` (and `clusterbake-<cluster>-head`):
-AMI, type, IMDSv2 required, the network interfaces (one EFA interface per network
+AMI, type, the node role's instance profile, IMDSv2 required, the network interfaces (one EFA interface per network
 card for EFA groups), the placement group, spot or on-demand, the capacity
 reservation and the node tags. A template whose latest version differs from what the
 config asks for gets a new version; instances launch from that version.
@@ -159,6 +159,7 @@ def template_data(
     spot: bool = False,
     capacity_reservation_id: str | None = None,
     key_name: str | None = None,
+    instance_profile: str | None = None,
 ) -> dict:
     data: dict = {
         "ImageId": ami_id,
@@ -172,6 +173,9 @@ def template_data(
     }
     if key_name:
         data["KeyName"] = key_name
+    if instance_profile:
+        # The node role: read this cluster's join bundles, nothing else (iam.py).
+        data["IamInstanceProfile"] = {"Name": instance_profile}
     if placement_group:
         data["Placement"] = {"GroupName": placement_group}
     if spot:
@@ -188,6 +192,7 @@ def template_data(
 
 MANAGED_KEYS = (
     "ImageId",
+    "IamInstanceProfile",
     "InstanceType",
     "KeyName",
     "MetadataOptions",

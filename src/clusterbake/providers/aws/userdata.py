@@ -1,24 +1,57 @@
-"""The user data every node boots with: cloud-init sets its name and lets the controller in.
+"""The user data every node boots with: who it is, who may log in, where its join bundle is.
 
-The hostname must equal the inventory name (`head`, `<group>-<n>`): slurmd finds its
-NodeName by hostname. Each node gets its own user data at launch (RunInstances
-UserData overrides the launch template's). Later, the node group's join bundle
-(docs/architecture.md) goes the same way, as a `write_files` entry that
-clusterbake-node-join.service applies at first boot.
+A MIME multipart document with two parts:
+
+- `text/cloud-config` for cloud-init (the Ubuntu AMIs carry it): the hostname, which
+  must equal the node's name (`head`, `<group>-<n>`: slurmd finds its NodeName by
+  hostname), and the controller's key for the default user (aws.ssh_user).
+- `text/x-clusterbake` (JSON) for the image's own boot service (role cloud_boot,
+  `clusterbake-node-boot`): the same name and keys, and where the node group's join
+  bundle is: a Secrets Manager secret read with the instance role. The bundle holds
+  the munge key, so it never travels in user data, which anything on the instance
+  that reaches the metadata service can read.
+
+cloud-init parts are ignored by nodes without cloud-init and the clusterbake part by
+cloud-init ("unhandled content type"), so both boot paths read the same document.
 """
 
 from __future__ import annotations
 
+import json
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+
 import yaml
 
+PART_TYPE = "x-clusterbake"
+FORMAT = 1
 
-def cloud_config(hostname: str, authorized_keys: list[str]) -> str:
-    config = {
+
+def user_data(
+    *,
+    cluster: str,
+    hostname: str,
+    ssh_user: str,
+    authorized_keys: list[str],
+    join: dict[str, str] | None,
+) -> str:
+    """`join`: {"cloud": "aws", "region", "secret_id", "endpoint_url"} (None: the node joins through Ansible)."""
+    cloud_config = {
         "hostname": hostname,
         "preserve_hostname": False,
-        # Only the node's own 127.0.1.1 line; the common role writes the cluster's /etc/hosts.
+        # Only the node's own 127.0.1.1 line; the join bundle writes the cluster's /etc/hosts.
         "manage_etc_hosts": "localhost",
-        # For the default user (aws.ssh_user, ubuntu on Ubuntu AMIs): the cluster's controller key.
         "ssh_authorized_keys": list(authorized_keys),
     }
-    return "#cloud-config\n" + yaml.safe_dump(config, sort_keys=False)
+    ours = {
+        "clusterbake": FORMAT,
+        "cluster": cluster,
+        "hostname": hostname,
+        "ssh_user": ssh_user,
+        "ssh_authorized_keys": list(authorized_keys),
+        "join": join,
+    }
+    message = MIMEMultipart()
+    message.attach(MIMEText("#cloud-config\n" + yaml.safe_dump(cloud_config, sort_keys=False), "cloud-config"))
+    message.attach(MIMEText(json.dumps(ours, indent=2, sort_keys=True) + "\n", PART_TYPE))
+    return message.as_string()

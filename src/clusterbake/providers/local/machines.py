@@ -80,6 +80,9 @@ def nspawn_argv(
     root: Path,
     netns: str | None,
     binds: dict[str, Path],
+    *,
+    readonly_binds: dict[str, Path] | None = None,
+    uuid: str | None = None,
 ) -> list[str]:
     argv = [
         NSPAWN,
@@ -99,6 +102,11 @@ def nspawn_argv(
         argv.insert(-1, f"--network-namespace-path=/run/netns/{netns}")
     for inside, host in sorted(binds.items()):
         argv.insert(-1, f"--bind={host}:{inside}")
+    for inside, host in sorted((readonly_binds or {}).items()):
+        argv.insert(-1, f"--bind-ro={host}:{inside}")
+    if uuid:
+        # The machine's identity across boots (systemd takes its machine-id from it).
+        argv.insert(-1, f"--uuid={uuid}")
     return argv
 
 

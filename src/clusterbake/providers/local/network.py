@@ -96,24 +96,44 @@ def ensure_bridge(cluster: str, subnet: str) -> str:
     return bridge
 
 
-def ensure_node_network(cluster: str, node: str, address: str, subnet: str) -> str:
-    """Create the node's netns and veth pair; configure host0 inside with a fixed address."""
+def ensure_node_network(
+    cluster: str,
+    node: str,
+    address: str,
+    subnet: str,
+    *,
+    ifname: str = "host0",
+    routes: tuple[str, ...] = (),
+) -> str:
+    """Create the node's netns and veth pair; configure `ifname` inside with a fixed address.
+
+    `routes` are destinations reached directly on that interface (on-link), such as a
+    whole VPC's range or a metadata address held by a namespace on the same bridge.
+    """
     netns = netns_name(cluster, node)
     veth = veth_name(cluster, node)
     if not (NETNS_DIR / netns).exists():
         _ip("netns", "add", netns)
     if not link_exists(veth):
-        _ip("link", "add", veth, "type", "veth", "peer", "name", "host0", "netns", netns)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", ifname, "netns", netns)
     _ip("link", "set", veth, "master", bridge_name(cluster), "up")
     prefix = ipaddress.ip_network(subnet).prefixlen
-    inside = _ip("-j", "addr", "show", "dev", "host0", netns=netns).stdout
+    inside = _ip("-j", "addr", "show", "dev", ifname, netns=netns).stdout
     if f'"{address}"' not in inside:
-        _ip("addr", "add", f"{address}/{prefix}", "dev", "host0", netns=netns)
+        _ip("addr", "add", f"{address}/{prefix}", "dev", ifname, netns=netns)
     _ip("link", "set", "lo", "up", netns=netns)
     # No default route on purpose: nodes talk to each other and to the host's bridge
     # address only, never to anything beyond this machine.
-    _ip("link", "set", "host0", "up", netns=netns)
+    _ip("link", "set", ifname, "up", netns=netns)
+    for destination in routes:
+        _ip("route", "replace", destination, "dev", ifname, "scope", "link", netns=netns)
     return netns
+
+
+def set_mac(netns: str, ifname: str, mac: str) -> None:
+    current = json.loads(_ip("-j", "link", "show", "dev", ifname, netns=netns).stdout or "[{}]")[0]
+    if current.get("address") != mac:
+        _ip("link", "set", ifname, "address", mac, netns=netns)
 
 
 def remove_node_network(cluster: str, node: str) -> None:

@@ -13,6 +13,7 @@ from clusterbake.inventory import build_inventory
 from clusterbake.progress import say
 from clusterbake.providers.base import NodeStatus, Provider
 from clusterbake.providers.local import machines, network
+from clusterbake.remote import Endpoint
 
 SSH_READY_TIMEOUT = 60.0
 
@@ -189,6 +190,7 @@ class LocalProvider(Provider):
         self.node(name)
         pid = machines.find_machines(self.machine_prefix).get(self.machine_name(name))
         if pid:
+            self.tell_slurm_down(name, "stopped by clusterbake node stop")
             machines.stop(pid)
         machines.remove_cgroups(self.machine_name(name))
         machines.unmount_tree(self._paths(name).root)
@@ -266,16 +268,14 @@ class LocalProvider(Provider):
             "LogLevel=ERROR",
         ]
 
-    def ssh_argv(self, node: str, command: list[str], tty: bool = False) -> list[str]:
+    def endpoint(self, node: str) -> Endpoint:
+        """root at the node's bridge address, with the cluster key; host keys pinned by _write_known_hosts."""
         self.node(node)
-        address = self.addresses()[node]
-        return [
-            "ssh",
-            *(["-t"] if tty else ["-T"]),
-            "-i",
-            str(self.cluster.ssh_key),
-            *self._ssh_options(),
-            f"root@{address}",
-            "--",
-            *command,
-        ]
+        return Endpoint(
+            name=node,
+            host=self.addresses()[node],
+            user="root",
+            key_file=self.cluster.ssh_key,
+            known_hosts=self.cluster.known_hosts,
+            host_key_policy="pinned",
+        )

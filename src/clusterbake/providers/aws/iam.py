@@ -1,0 +1,352 @@
+"""The cluster's node role and instance profile: what a node may read, and nothing else.
+
+Role and instance profile are both `clusterbake-<cluster>-node` (path `/clusterbake/`),
+tagged `clusterbake:cluster=<cluster>` and found again by name and tag (IAM cannot list
+by tag: ListRoles does not even return tags). The role:
+
+- trusts `ec2.amazonaws.com` (`sts:AssumeRole`), nothing else;
+- has one inline policy, `clusterbake-node`, that allows only
+  - `secretsmanager:GetSecretValue` and `secretsmanager:DescribeSecret` on
+    `arn:<partition>:secretsmanager:<region>:<account>:secret:clusterbake/<cluster>/*`
+    (the join bundles of this cluster, see secrets.py; the `*` also covers the six
+    random characters Secrets Manager appends to a secret's ARN);
+  - `kms:Decrypt` on the configured key (`aws.kms_key_id`, as a key ARN) when there is
+    one, only through Secrets Manager (`kms:ViaService`). With the AWS managed key
+    `aws/secretsmanager` no KMS statement is needed: its key policy lets every
+    principal of the account use it through Secrets Manager. A customer managed key's
+    own key policy must let the account's IAM policies grant access (the default key
+    policy does);
+  - with `s3_buckets`: `s3:ListBucket` on the buckets and
+    `s3:GetObject/PutObject/DeleteObject/AbortMultipartUpload` on their objects
+    (Mountpoint for S3 on the nodes).
+
+IAM is eventually consistent. A role and instance profile created a moment ago are
+not yet known to EC2: for about 10 seconds (sometimes longer) RunInstances and
+CreateLaunchTemplate-based launches fail with InvalidParameterValue "Invalid IAM
+Instance Profile name" (or "... ARN"). `profile_not_ready(exc)` matches exactly that
+error, and `call_while_profile_not_ready` retries an EC2 call on it; launch code should
+use it when `ensure_node_role` reported `created`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from clusterbake.errors import ClusterbakeError, ConfigError
+from clusterbake.providers.aws import tags
+from clusterbake.providers.aws.api import THROTTLING, call, error_code, paginate
+
+PATH = "/clusterbake/"
+POLICY_NAME = "clusterbake-node"
+TRUST_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"},
+    ],
+}
+S3_OBJECT_ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[A-Za-z0-9-]+$")
+
+# What EC2 answers while a brand-new instance profile has not reached it yet.
+PROFILE_NOT_READY_CODES = frozenset({"InvalidParameterValue"})
+PROFILE_NOT_READY = re.compile(
+    r"Invalid IAM Instance Profile (name|ARN)|iamInstanceProfile\.(name|arn)\b.*\binvalid", re.IGNORECASE
+)
+PROFILE_READY_TIMEOUT = 120.0
+# IAM is eventually consistent also for itself: a role created a moment ago may still be
+# NoSuchEntity to the next call.
+JUST_CREATED = THROTTLING | frozenset({"NoSuchEntity"})
+PROFILE_POLL = 5.0
+
+
+def node_role_name(cluster: str) -> str:
+    return f"clusterbake-{cluster}-node"
+
+
+def partition(region: str) -> str:
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
+def dns_suffix(region: str) -> str:
+    return "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+
+
+def secrets_arn_prefix(cluster: str, region: str, account: str) -> str:
+    """The ARN pattern of this cluster's secrets (secrets.secret_name: clusterbake/<cluster>/...)."""
+    return f"arn:{partition(region)}:secretsmanager:{region}:{account}:secret:clusterbake/{cluster}/*"
+
+
+def node_policy(
+    cluster: str, region: str, account: str, kms_key_arn: str | None = None, s3_buckets: tuple[str, ...] | list = ()
+) -> dict:
+    """The inline policy document of the node role (see the module docstring)."""
+    statements: list[dict] = [
+        {
+            "Sid": "JoinBundles",
+            "Effect": "Allow",
+            "Action": ["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"],
+            "Resource": secrets_arn_prefix(cluster, region, account),
+        }
+    ]
+    if kms_key_arn:
+        if not KMS_KEY_ARN.match(kms_key_arn):
+            raise ClusterbakeError(f"KMS key {kms_key_arn!r} is not a key ARN; resolve it with iam.resolve_kms_key")
+        statements.append(
+            {
+                "Sid": "JoinBundleKey",
+                "Effect": "Allow",
+                "Action": "kms:Decrypt",
+                "Resource": kms_key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": f"secretsmanager.{region}.{dns_suffix(region)}"}},
+            }
+        )
+    buckets = sorted(set(s3_buckets))
+    for bucket in buckets:
+        if not BUCKET_NAME.match(bucket) or ".." in bucket:
+            raise ClusterbakeError(f"S3 bucket {bucket!r}: not a bucket name (no s3://, no prefix)")
+    if buckets:
+        arn = f"arn:{partition(region)}:s3:::"
+        statements += [
+            {
+                "Sid": "DataBuckets",
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": [arn + b for b in buckets],
+            },
+            {
+                "Sid": "DataObjects",
+                "Effect": "Allow",
+                "Action": S3_OBJECT_ACTIONS,
+                "Resource": [f"{arn}{b}/*" for b in buckets],
+            },
+        ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _document(value: Any) -> dict:
+    # boto3 decodes IAM policy documents into dicts; a plain botocore client leaves the
+    # URL-encoded JSON string.
+    if isinstance(value, str):
+        from urllib.parse import unquote
+
+        return json.loads(unquote(value))
+    return value
+
+
+def _get(operation: Callable, key: str, **params: Any) -> dict | None:
+    try:
+        return call(operation, **params)[key]
+    except ClientError as exc:
+        if error_code(exc) == "NoSuchEntity":
+            return None
+        raise
+
+
+def _owned(resource: dict | None, what: str, name: str, cluster: str) -> dict | None:
+    if resource is not None and tags.as_dict(resource.get("Tags")).get(tags.CLUSTER) != cluster:
+        raise ClusterbakeError(
+            f"IAM {what} {name} exists but is not tagged {tags.CLUSTER}={cluster}; "
+            f"rename the cluster or delete that {what}"
+        )
+    return resource
+
+
+def ensure_node_role(
+    iam,
+    sts,
+    cluster: str,
+    region: str,
+    kms_key_arn: str | None = None,
+    s3_buckets: tuple[str, ...] | list[str] = (),
+) -> tuple[str, str, bool]:
+    """(instance profile name, its ARN, created): the node role and profile, made to match.
+
+    `created` is True when the role, the profile or the role's membership in it is new:
+    EC2 may then reject the profile for ~10 s ("Invalid IAM Instance Profile name"); launch
+    through `call_while_profile_not_ready`. A role or profile of that name not tagged for
+    this cluster is refused. `kms_key_arn` must be a key ARN (`resolve_kms_key`).
+    """
+    name = node_role_name(cluster)
+    account = call(sts.get_caller_identity)["Account"]
+    document = node_policy(cluster, region, account, kms_key_arn, s3_buckets)
+    cluster_tags = tags.as_list({tags.CLUSTER: cluster})
+    created = False
+
+    # Both names checked before anything is created: a refusal leaves nothing behind.
+    profile = _owned(
+        _get(iam.get_instance_profile, "InstanceProfile", InstanceProfileName=name), "instance profile", name, cluster
+    )
+    role = _owned(_get(iam.get_role, "Role", RoleName=name), "role", name, cluster)
+    if role is None:
+        try:
+            call(
+                iam.create_role,
+                RoleName=name,
+                Path=PATH,
+                AssumeRolePolicyDocument=json.dumps(TRUST_POLICY),
+                Description=f"clusterbake cluster {cluster}: nodes read their join bundle",
+                Tags=cluster_tags,
+            )
+            created = True
+        except ClientError as exc:
+            if error_code(exc) != "EntityAlreadyExists":
+                raise
+            _owned(_get(iam.get_role, "Role", RoleName=name), "role", name, cluster)
+    elif _document(role.get("AssumeRolePolicyDocument")) != TRUST_POLICY:
+        call(iam.update_assume_role_policy, RoleName=name, PolicyDocument=json.dumps(TRUST_POLICY))
+
+    current = _get(iam.get_role_policy, "PolicyDocument", RoleName=name, PolicyName=POLICY_NAME)
+    if current is None or _document(current) != document:
+        call(
+            iam.put_role_policy,
+            retry_codes=JUST_CREATED,
+            RoleName=name,
+            PolicyName=POLICY_NAME,
+            PolicyDocument=json.dumps(document),
+        )
+
+    if profile is None:
+        try:
+            profile = call(iam.create_instance_profile, InstanceProfileName=name, Path=PATH, Tags=cluster_tags)[
+                "InstanceProfile"
+            ]
+            created = True
+        except ClientError as exc:
+            if error_code(exc) != "EntityAlreadyExists":
+                raise
+            profile = _owned(
+                _get(iam.get_instance_profile, "InstanceProfile", InstanceProfileName=name),
+                "instance profile",
+                name,
+                cluster,
+            )
+    roles = [r["RoleName"] for r in profile.get("Roles", [])]
+    for other in roles:
+        if other != name:  # a profile holds one role at most
+            call(iam.remove_role_from_instance_profile, InstanceProfileName=name, RoleName=other)
+    if name not in roles:
+        call(iam.add_role_to_instance_profile, retry_codes=JUST_CREATED, InstanceProfileName=name, RoleName=name)
+        created = True
+    return name, profile["Arn"], created
+
+
+def find(iam, cluster: str) -> dict[str, dict]:
+    """{"role": ..., "instance_profile": ...}: those of the cluster's that exist (tagged for it)."""
+    name = node_role_name(cluster)
+    found = {
+        "role": _get(iam.get_role, "Role", RoleName=name),
+        "instance_profile": _get(iam.get_instance_profile, "InstanceProfile", InstanceProfileName=name),
+    }
+    return {
+        kind: item
+        for kind, item in found.items()
+        if item is not None and tags.as_dict(item.get("Tags")).get(tags.CLUSTER) == cluster
+    }
+
+
+def _ignore_missing(operation: Callable, **params: Any) -> bool:
+    try:
+        call(operation, **params)
+        return True
+    except ClientError as exc:
+        if error_code(exc) == "NoSuchEntity":
+            return False
+        raise
+
+
+def delete_node_role(iam, cluster: str) -> list[str]:
+    """Remove the cluster's instance profile and role (only if tagged for it); returns what went.
+
+    Role out of the profile, the profile, the role's inline policies, its managed policies
+    detached, the role. A second run finds nothing and returns [].
+    """
+    name = node_role_name(cluster)
+    found = find(iam, cluster)
+    removed: list[str] = []
+    profile = found.get("instance_profile")
+    if profile is not None:
+        for role in profile.get("Roles", []):
+            _ignore_missing(iam.remove_role_from_instance_profile, InstanceProfileName=name, RoleName=role["RoleName"])
+        if _ignore_missing(iam.delete_instance_profile, InstanceProfileName=name):
+            removed.append(f"instance profile {name}")
+    if "role" in found:
+        # Other profiles holding the role (made by hand) would block DeleteRole.
+        for other in paginate(
+            iam, "list_instance_profiles_for_role", "InstanceProfiles", token_in="Marker", RoleName=name
+        ):
+            _ignore_missing(
+                iam.remove_role_from_instance_profile, InstanceProfileName=other["InstanceProfileName"], RoleName=name
+            )
+        for policy in paginate(iam, "list_role_policies", "PolicyNames", token_in="Marker", RoleName=name):
+            _ignore_missing(iam.delete_role_policy, RoleName=name, PolicyName=policy)
+        for policy in paginate(
+            iam, "list_attached_role_policies", "AttachedPolicies", token_in="Marker", RoleName=name
+        ):
+            _ignore_missing(iam.detach_role_policy, RoleName=name, PolicyArn=policy["PolicyArn"])
+        if _ignore_missing(iam.delete_role, RoleName=name):
+            removed.append(f"role {name}")
+    return removed
+
+
+# --- EC2 and a brand-new profile ----------------------------------------------------
+
+
+def profile_not_ready(exc: BaseException) -> bool:
+    """Is this EC2's answer to an instance profile IAM has created but EC2 does not know yet?"""
+    if not isinstance(exc, ClientError) or error_code(exc) not in PROFILE_NOT_READY_CODES:
+        return False
+    return bool(PROFILE_NOT_READY.search(exc.response.get("Error", {}).get("Message", "")))
+
+
+def call_while_profile_not_ready(
+    operation: Callable[..., Any],
+    /,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    timeout: float = PROFILE_READY_TIMEOUT,
+    poll: float = PROFILE_POLL,
+    **params: Any,
+) -> Any:
+    """`api.call(operation, **params)`, retried every `poll` s while the profile is not ready.
+
+    Keep the same ClientToken in `params` (RunInstances): a retry then never launches twice."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call(operation, retry_codes=THROTTLING, sleep=sleep, **params)
+        except ClientError as exc:
+            if not profile_not_ready(exc) or time.monotonic() > deadline:
+                raise
+        sleep(poll)
+
+
+# --- KMS ---------------------------------------------------------------------------
+
+
+def resolve_kms_key(kms, key_id: str) -> str:
+    """The key ARN of `key_id` (key id, key ARN, alias/NAME or alias ARN) via DescribeKey."""
+    try:
+        metadata = call(kms.describe_key, KeyId=key_id)["KeyMetadata"]
+    except ClientError as exc:
+        if error_code(exc) in ("NotFoundException", "InvalidArnException"):
+            region = kms.meta.region_name
+            raise ConfigError(
+                f"aws.kms_key_id: KMS key {key_id!r} does not exist in {region} "
+                "(use a key id, key ARN or alias/NAME of that region, or remove aws.kms_key_id)"
+            ) from None
+        raise
+    state = metadata.get("KeyState", "Enabled")
+    if state != "Enabled":
+        raise ConfigError(f"aws.kms_key_id: KMS key {key_id!r} ({metadata['Arn']}) is {state}, not Enabled")
+    return metadata["Arn"]

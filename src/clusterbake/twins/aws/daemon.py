@@ -1,0 +1,607 @@
+"""The EC2 twin's process: moto's server, the instance metadata service and the node keeper.
+
+Started by `clusterbake twin up aws` (src/clusterbake/twins/aws/control.py), in a
+session of its own, logging to <twin dir>/twin.log. One process, threads:
+
+- moto (with moto_ext's additions) on the twin's bridge address, so the host and
+  every node reach the same API at AWS_ENDPOINT_URL. IAM authorization is on: only
+  the twin's administrator key (written 0600 to <twin dir>/credentials) and
+  credentials EC2 hands to instances through their instance profile are accepted,
+  each limited by its policies.
+- the instance metadata service (imds.py) at 169.254.169.254:80 inside a service
+  namespace on the bridge;
+- the node keeper: every instance launched from one of the twin's AMIs becomes a
+  node (nodes.py) and follows the instance's state within a fraction of a second;
+  a node that powers itself off stops its instance, as EC2 does;
+- a control socket for tests and the CLI (control.py): status, and spot
+  interruption / rebalance notices on an instance's metadata.
+
+The ids of the twin's VPC, subnet and AMI are the same on every start (moto's random
+source is seeded before they are created), so a config file can name them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import UTC, datetime, timedelta
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from socketserver import ThreadingMixIn, UnixStreamServer
+from typing import Any
+
+ACCOUNT = "123456789012"
+SEED = 20261201
+ADMIN_USER = "clusterbake-twin-admin"
+CREDENTIAL_SECONDS = 6 * 3600
+POLL = 0.25
+SERVICE_NETNS = "cbsvc-twin-aws"
+CLONE_NEWNET = 0x40000000
+
+
+def log(message: str) -> None:
+    print(f"{datetime.now(UTC).strftime('%H:%M:%S.%f')[:-3]} {message}", flush=True)
+
+
+def in_netns(name: str, function):
+    """Call function in network namespace `name` (this thread only), then come back."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(target, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+        try:
+            return function()
+        finally:
+            if libc.setns(own, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+    finally:
+        os.close(own)
+        os.close(target)
+
+
+class Twin:
+    def __init__(self, args: argparse.Namespace):
+        from clusterbake.twins.aws.nodes import Nodes
+
+        self.args = args
+        self.root = Path(args.state)
+        self.region = args.region
+        self.images: dict[str, Path] = {}  # AMI id -> image root
+        self.notices: dict[str, dict[str, Any]] = {}  # instance id -> {"spot": ..., "rebalance": ...}
+        self.credentials_cache: dict[tuple[str, str], dict] = {}
+        self.failed: dict[str, float] = {}  # instance id -> when a node start failed
+        self.started: set[str] = set()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        helper = Path(__file__).with_name("mount_helper.py")
+        self.nodes = Nodes(self.root, args.vpc_cidr, helper, log)
+
+    # --- moto --------------------------------------------------------------------
+
+    @property
+    def ec2(self):
+        from moto.ec2.models import ec2_backends
+
+        return ec2_backends[ACCOUNT][self.region]
+
+    def start_moto(self) -> None:
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per API call is too much
+        from moto.moto_api._internal import mock_random
+        from moto.server import ThreadedMotoServer
+
+        from clusterbake.twins.aws.moto_ext import install
+
+        install()
+        mock_random.seed(SEED)
+        self.server = ThreadedMotoServer(self.args.address, self.args.port, verbose=False)
+        self.server.start()
+        log(f"moto on http://{self.args.address}:{self.args.port}")
+
+    def setup_account(self) -> dict[str, str]:
+        """Through the API, before authorization is switched on: admin key, VPC, subnet, AMIs."""
+        import boto3
+        from moto import settings
+
+        session = boto3.session.Session(aws_access_key_id="setup", aws_secret_access_key="setup")
+        url = f"http://{self.args.address}:{self.args.port}"
+        iam = session.client("iam", region_name=self.region, endpoint_url=url)
+        ec2 = session.client("ec2", region_name=self.region, endpoint_url=url)
+        iam.create_user(UserName=ADMIN_USER)
+        iam.put_user_policy(
+            UserName=ADMIN_USER,
+            PolicyName="administrator",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            ),
+        )
+        key = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]
+        vpc = ec2.create_vpc(
+            CidrBlock=self.args.vpc_cidr,
+            TagSpecifications=[{"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "clusterbake-twin"}]}],
+        )["Vpc"]["VpcId"]
+        ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
+        subnet = ec2.create_subnet(
+            VpcId=vpc,
+            CidrBlock=self.args.subnet_cidr,
+            AvailabilityZone=self.args.zone,
+            TagSpecifications=[{"ResourceType": "subnet", "Tags": [{"Key": "Name", "Value": "clusterbake-twin"}]}],
+        )["Subnet"]["SubnetId"]
+        amis = {}
+        for spec in self.args.image:
+            name, _, path = spec.partition("=")
+            image = ec2.register_image(
+                Name=name,
+                Description=f"clusterbake twin image {name} (a local node image, booted as systemd-nspawn nodes)",
+                Architecture="x86_64",
+                RootDeviceName="/dev/xvda",
+                VirtualizationType="hvm",
+                TagSpecifications=[
+                    {"ResourceType": "image", "Tags": [{"Key": "clusterbake-twin:image", "Value": name}]}
+                ],
+            )["ImageId"]
+            self.images[image] = Path(path) / "rootfs"
+            self.ec2.amis[image].architecture = "x86_64"  # moto 5.2.5 drops RegisterImage's Architecture
+            amis[name] = image
+        settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on, every request is signed and authorized
+        log(f"account ready: vpc {vpc}, subnet {subnet}, images {amis}; IAM authorization on")
+        return {
+            "access_key_id": key["AccessKeyId"],
+            "secret_access_key": key["SecretAccessKey"],
+            "vpc_id": vpc,
+            "subnet_id": subnet,
+            "amis": amis,
+        }
+
+    # --- what an instance looks like from inside -----------------------------------
+
+    def instances(self) -> list:
+        found = []
+        for reservation in list(self.ec2.reservations.values()):
+            found += list(reservation.instances)
+        return found
+
+    def instance_at(self, address: str):
+        for instance in self.instances():
+            if instance.private_ip == address and instance.state in ("pending", "running"):
+                return instance
+        return None
+
+    def role_of(self, instance) -> tuple[Any, Any] | None:
+        association = self.ec2.iam_instance_profile_associations.get(instance.id)
+        if association is None or not association.iam_instance_profile.roles:
+            return None
+        return association.iam_instance_profile, association.iam_instance_profile.roles[0]
+
+    def metadata(self, address: str) -> dict[str, Any] | None:
+        instance = self.instance_at(address)
+        if instance is None:
+            return None
+        subnet = self.ec2.get_subnet(instance.subnet_id)
+        vpc = self.ec2.get_vpc(subnet.vpc_id)
+        suffix = "ec2.internal" if self.region == "us-east-1" else f"{self.region}.compute.internal"
+        hostname = f"ip-{instance.private_ip.replace('.', '-')}.{suffix}"
+        from clusterbake.twins.aws.nodes import mac_of
+
+        mac = mac_of(instance.id)
+        options = instance.metadata_options
+        groups = sorted(
+            {g.id for g in instance.security_groups}
+            | {g.id for nic in instance.nics.values() for g in getattr(nic, "group_set", [])}
+        )
+        notices = self.notices.get(instance.id, {})
+        meta: dict[str, Any] = {
+            "ami-id": instance.image_id,
+            "ami-launch-index": str(instance.ami_launch_index),
+            "block-device-mapping": {"ami": "/dev/xvda", "root": "/dev/xvda"},
+            "events": {"maintenance": {"history": "[]", "scheduled": "[]"}},
+            "hostname": hostname,
+            "instance-action": "none",
+            "instance-id": instance.id,
+            "instance-life-cycle": "spot" if instance.lifecycle == "spot" else "on-demand",
+            "instance-type": instance.instance_type,
+            "local-hostname": hostname,
+            "local-ipv4": instance.private_ip,
+            "mac": mac,
+            "network": {
+                "interfaces": {
+                    "macs": {
+                        mac: {
+                            "device-number": "0",
+                            "local-hostname": hostname,
+                            "local-ipv4s": instance.private_ip,
+                            "mac": mac,
+                            "owner-id": ACCOUNT,
+                            "security-group-ids": "\n".join(groups),
+                            "subnet-id": subnet.id,
+                            "subnet-ipv4-cidr-block": subnet.cidr_block,
+                            "vpc-id": vpc.id,
+                            "vpc-ipv4-cidr-block": vpc.cidr_block,
+                            "vpc-ipv4-cidr-blocks": vpc.cidr_block,
+                        }
+                    }
+                }
+            },
+            "placement": {"availability-zone": subnet.availability_zone, "region": self.region},
+            "reservation-id": next((r.id for r in list(self.ec2.reservations.values()) if instance in r.instances), ""),
+            "services": {"domain": "amazonaws.com", "partition": "aws"},
+        }
+        if "rebalance" in notices:
+            meta["events"]["recommendations"] = {"rebalance": json.dumps(notices["rebalance"])}
+        if "spot" in notices:
+            meta["spot"] = {"instance-action": json.dumps(notices["spot"]), "termination-time": notices["spot"]["time"]}
+        if options.instance_metadata_tags == "enabled":
+            meta["tags"] = {"instance": {t["key"]: t["value"] for t in instance.get_tags()}}
+        role = self.role_of(instance)
+        if role is not None:
+            profile, iam_role = role
+            meta["iam"] = {
+                "info": json.dumps(
+                    {
+                        "Code": "Success",
+                        "LastUpdated": iso(datetime.now(UTC)),
+                        "InstanceProfileArn": profile.arn,
+                        "InstanceProfileId": profile.id,
+                    },
+                    indent=2,
+                ),
+                "security-credentials": {iam_role.name: ""},
+            }
+        keys = {}
+        if instance.key_name and instance.key_name in self.ec2.key_pairs:
+            keys[instance.key_name] = self.ec2.key_pairs[instance.key_name].public_key.strip()
+        user_data = base64.b64decode(instance.user_data.as_bytes()) if instance.user_data else None
+        return {
+            "instance_id": instance.id,
+            "http_tokens": options.http_tokens,
+            "http_endpoint": options.http_endpoint,
+            "hop_limit": options.http_put_response_hop_limit,
+            "user_data": user_data,
+            "meta": meta,
+            "public_keys": keys,
+            "role": role[1].name if role else None,
+            "identity": {
+                "accountId": ACCOUNT,
+                "architecture": instance.architecture,
+                "availabilityZone": subnet.availability_zone,
+                "billingProducts": None,
+                "devpayProductCodes": None,
+                "imageId": instance.image_id,
+                "instanceId": instance.id,
+                "instanceType": instance.instance_type,
+                "kernelId": None,
+                "marketplaceProductCodes": None,
+                "pendingTime": instance.launch_time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "privateIp": instance.private_ip,
+                "ramdiskId": None,
+                "region": self.region,
+                "version": "2017-09-30",
+            },
+        }
+
+    def credentials(self, instance_id: str, role_name: str) -> dict[str, Any]:
+        """What EC2 does for an instance profile: an STS session of the role, renewed before it ends."""
+        from moto.iam.models import iam_backends
+        from moto.sts.models import sts_backends
+
+        key = (instance_id, role_name)
+        with self.lock:
+            cached = self.credentials_cache.get(key)
+            if cached and cached["_expires"] - time.time() > 900:
+                return {k: v for k, v in cached.items() if not k.startswith("_")}
+            role = iam_backends[ACCOUNT]["aws"].get_role(role_name)
+            session = sts_backends[ACCOUNT]["aws"].assume_role(
+                region_name=self.region,
+                role_session_name=instance_id,
+                role_arn=role.arn,
+                policy=None,
+                duration=CREDENTIAL_SECONDS,
+                external_id=None,
+            )
+            expires = datetime.now(UTC) + timedelta(seconds=CREDENTIAL_SECONDS)
+            answer = {
+                "Code": "Success",
+                "LastUpdated": iso(datetime.now(UTC)),
+                "Type": "AWS-HMAC",
+                "AccessKeyId": session.access_key_id,
+                "SecretAccessKey": session.secret_access_key,
+                "Token": session.session_token,
+                "Expiration": iso(expires),
+                "_expires": expires.timestamp(),
+            }
+            self.credentials_cache[key] = answer
+            return {k: v for k, v in answer.items() if not k.startswith("_")}
+
+    def start_imds(self) -> None:
+        from clusterbake.twins.aws.imds import MetadataServer, listen
+
+        sock = in_netns(SERVICE_NETNS, listen)
+        self.imds = MetadataServer(sock, self.metadata, self.credentials, lambda m: log(f"imds {m}"))
+        threading.Thread(target=self.imds.serve_forever, name="imds", daemon=True).start()
+        log("instance metadata service on 169.254.169.254:80")
+
+    # --- nodes ---------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        from clusterbake.twins.aws.nodes import Instance
+
+        running = self.nodes.running()
+        known = self.nodes.known()
+        seen = set()
+        for instance in self.instances():
+            seen.add(instance.id)
+            image = self.images.get(instance.image_id)
+            if image is None:
+                continue
+            state = instance.state
+            pid = running.get(instance.id)
+            self._enforce_notice(instance)
+            if state in ("pending", "running"):
+                if pid:
+                    continue
+                if instance.id in self.started:
+                    # The node powered itself off: EC2 stops the instance.
+                    log(f"node {instance.id} shut down from inside: stopping the instance")
+                    self.started.discard(instance.id)
+                    self.ec2.stop_instances([instance.id])
+                    self.nodes.stop(instance.id, None)
+                    continue
+                if time.monotonic() - self.failed.get(instance.id, -1e9) < 30:
+                    continue
+                subnet = self.ec2.get_subnet(instance.subnet_id) if instance.subnet_id else None
+                if subnet is None or subnet.vpc_id != self.vpc_id:
+                    self.failed[instance.id] = time.monotonic()
+                    log(f"instance {instance.id} is not in the twin's VPC {self.vpc_id}: not booted")
+                    continue
+                try:
+                    self.nodes.start(Instance(instance.id, state, instance.private_ip, subnet.cidr_block, image))
+                    self.started.add(instance.id)
+                except Exception:
+                    self.failed[instance.id] = time.monotonic()
+                    log(f"node {instance.id} failed to start:\n{traceback.format_exc()}")
+            elif state in ("stopping", "stopped"):
+                if pid or instance.id in self.started:
+                    self.started.discard(instance.id)
+                    self.nodes.stop(instance.id, pid)
+            elif state in ("shutting-down", "terminated") and (pid or instance.id in known):
+                self.started.discard(instance.id)
+                self.notices.pop(instance.id, None)
+                self.nodes.remove(instance.id, pid)
+        for orphan in (set(running) | known) - seen:
+            self.nodes.remove(orphan, running.get(orphan))
+        self.sync_storage()
+
+    def _enforce_notice(self, instance) -> None:
+        spot = self.notices.get(instance.id, {}).get("spot")
+        if not spot or not spot.get("enforce") or instance.state != "running":
+            return
+        if datetime.now(UTC) >= datetime.fromisoformat(spot["time"].replace("Z", "+00:00")):
+            log(f"spot interruption of {instance.id}: {spot['action']}")
+            if spot["action"] == "stop":
+                self.ec2.stop_instances([instance.id])
+            else:
+                self.ec2.terminate_instances([instance.id])
+
+    def sync_storage(self) -> None:
+        """A directory per EFS / FSx file system of the account; the mount helper's address map."""
+        from moto.efs.models import efs_backends
+        from moto.fsx.models import fsx_backends
+
+        storage = self.nodes.storage
+        endpoints: dict[str, dict[str, str]] = {}
+        wanted: set[Path] = set()
+        for fs in list(efs_backends[ACCOUNT][self.region].file_systems_by_id.values()):
+            wanted.add(storage / "efs" / fs.file_system_id)
+            for target in list(fs._mount_targets.values()):
+                endpoints[target.ip_address] = {"kind": "efs", "id": fs.file_system_id}
+            endpoints[f"{fs.file_system_id}.efs.{self.region}.amazonaws.com"] = {"kind": "efs", "id": fs.file_system_id}
+        for fs in list(fsx_backends[ACCOUNT][self.region].file_systems.values()):
+            wanted.add(storage / "fsx" / fs.file_system_id)
+            endpoints[fs.dns_name] = {"kind": "fsx", "id": fs.file_system_id}
+        for directory in wanted:
+            if not directory.exists():
+                directory.mkdir(parents=True, mode=0o755)
+                log(f"file system {directory.name}: {directory}")
+        for kind in ("efs", "fsx"):
+            for directory in (storage / kind).glob("fs-*") if (storage / kind).is_dir() else []:
+                if directory not in wanted:
+                    subprocess_rm(directory)
+                    log(f"file system {directory.name} deleted: {directory} removed")
+        text = json.dumps(endpoints, indent=2, sort_keys=True)
+        target = storage / "endpoints.json"
+        if not target.exists() or target.read_text() != text:
+            storage.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(target)
+
+    def keep_nodes(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.reconcile()
+            except Exception:
+                log(f"reconcile failed:\n{traceback.format_exc()}")
+            self.stopping.wait(POLL)
+
+    # --- control ---------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        running = self.nodes.running()
+        return {
+            "region": self.region,
+            "endpoint": f"http://{self.args.address}:{self.args.port}",
+            "instances": [
+                {
+                    "instance_id": i.id,
+                    "state": i.state,
+                    "address": i.private_ip,
+                    "image_id": i.image_id,
+                    "node": "running" if i.id in running else ("stopped" if i.id in self.nodes.known() else "absent"),
+                    "notices": self.notices.get(i.id, {}),
+                }
+                for i in self.instances()
+            ],
+        }
+
+    def set_notice(self, instance_id: str, kind: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        if not any(i.id == instance_id for i in self.instances()):
+            raise KeyError(instance_id)
+        notices = self.notices.setdefault(instance_id, {})
+        if body is None:
+            notices.pop(kind, None)
+        elif kind == "spot":
+            after = float(body.get("seconds", 120))
+            notices["spot"] = {
+                "action": body.get("action", "terminate"),
+                "time": iso(datetime.now(UTC) + timedelta(seconds=after)),
+                "enforce": bool(body.get("enforce", False)),
+            }
+        elif kind == "rebalance":
+            notices["rebalance"] = {"noticeTime": iso(datetime.now(UTC))}
+        else:
+            raise KeyError(kind)
+        log(f"notice {kind} on {instance_id}: {notices.get(kind)}")
+        return notices
+
+    def serve_control(self, path: Path) -> None:
+        twin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, data: Any) -> None:
+                body = json.dumps(data, indent=2).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/status":
+                    self._answer(HTTPStatus.OK, twin.status())
+                else:
+                    self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
+
+            def _notice(self, body: dict | None) -> None:
+                parts = self.path.strip("/").split("/")
+                if len(parts) != 4 or parts[0] != "instances" or parts[2] != "notices":
+                    self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
+                    return
+                try:
+                    self._answer(HTTPStatus.OK, twin.set_notice(parts[1], parts[3], body))
+                except KeyError as exc:
+                    self._answer(HTTPStatus.NOT_FOUND, {"error": f"unknown {exc}"})
+
+            def do_PUT(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                self._notice(json.loads(self.rfile.read(length) or b"{}"))
+
+            def do_DELETE(self) -> None:
+                self._notice(None)
+
+        class Server(ThreadingMixIn, UnixStreamServer):
+            daemon_threads = True
+
+            def get_request(self):
+                request, _ = super().get_request()
+                return request, ("control", 0)
+
+        path.unlink(missing_ok=True)
+        server = Server(str(path), Handler)
+        os.chmod(path, 0o600)
+        threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def subprocess_rm(path: Path) -> None:
+    import subprocess
+
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+
+
+def write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the EC2 twin (started by `clusterbake twin up aws`)")
+    parser.add_argument("--state", required=True)
+    parser.add_argument("--address", required=True, help="the bridge address moto listens on")
+    parser.add_argument("--port", type=int, default=4566)
+    parser.add_argument("--region", default="us-east-1")
+    parser.add_argument("--zone", default="us-east-1a")
+    parser.add_argument("--vpc-cidr", required=True)
+    parser.add_argument("--subnet-cidr", required=True)
+    parser.add_argument("--image", action="append", default=[], help="NAME=IMAGE_DIR, registered as an AMI")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    twin = Twin(args)
+    root = Path(args.state)
+
+    def stop(signum, frame) -> None:
+        twin.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        twin.start_moto()
+        account = twin.setup_account()
+        twin.vpc_id = account["vpc_id"]
+        write_private(
+            root / "credentials",
+            "# The EC2 twin's administrator key: accepted by the twin only.\n"
+            f"[clusterbake-twin]\naws_access_key_id = {account['access_key_id']}\n"
+            f"aws_secret_access_key = {account['secret_access_key']}\n",
+        )
+        twin.start_imds()
+        twin.serve_control(root / "control.sock")
+        info = {
+            "pid": os.getpid(),
+            "endpoint": f"http://{args.address}:{args.port}",
+            "region": args.region,
+            "availability_zone": args.zone,
+            "vpc_id": account["vpc_id"],
+            "subnet_id": account["subnet_id"],
+            "vpc_cidr": args.vpc_cidr,
+            "subnet_cidr": args.subnet_cidr,
+            "amis": account["amis"],
+            "images": {ami: str(path.parent) for ami, path in twin.images.items()},
+        }
+        (root / "twin.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        log("ready")
+        twin.keep_nodes()
+    except Exception:
+        log(f"twin failed:\n{traceback.format_exc()}")
+        return 1
+    finally:
+        removed = twin.nodes.remove_all()
+        log(f"stopped; removed nodes {removed}")
+        with contextlib.suppress(OSError):
+            (root / "twin.json").unlink()
+        with contextlib.suppress(OSError):
+            (root / "control.sock").unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""What the EC2 twin adds to moto 5.2.5 so that it behaves like EC2 where clusterbake relies on it.
+
+`install()` patches moto's response classes in this process; both the twin
+(`clusterbake twin up aws`) and the aws tests' moto_server (tests/aws/moto_ec2_server.py)
+call it. Everything else is moto's own server and backends. Each addition is a gap
+seen in moto 5.2.5 against EC2's documented behaviour:
+
+- Placement groups: moto answers CreatePlacementGroup, DescribePlacementGroups and
+  DeletePlacementGroup with "not implemented" (HTTP 500). A minimal in-memory version
+  (name, strategy, state, tags; filters group-name and tag:KEY). Request and response
+  shapes go through botocore's EC2 model (moto parses and serializes with it).
+- Launch templates: RunInstances with a launch template takes only the template's
+  AMI, type, key, security groups, user data and tags in moto; EC2 also applies its
+  network interfaces (the subnet!), IAM instance profile, metadata options, market
+  options and placement. Those template settings are applied here wherever the
+  request does not set them itself, as EC2 does.
+- Capacity: EC2 fails RunInstances with InsufficientInstanceCapacity when a zone has no
+  capacity for a type; moto never does. When the file named by $MOTO_CAPACITY_FILE
+  exists ({"p5.48xlarge": 1}), RunInstances fails with that error once the number of
+  non-terminated instances of the type would exceed the limit.
+- IAM resources of Secrets Manager calls: with IAM authorization on, moto checks every
+  Secrets Manager call against resource `*`, so a policy that names secret ARNs (the
+  only kind clusterbake writes) would deny everything. The resource is the secret's
+  ARN here (for a secret that does not exist yet, its ARN without the random suffix).
+- Signatures of bodyless REST calls: to check a request's signature moto rebuilds it
+  with `data=body or data`, and for a GET without a body (EFS DescribeFileSystems,
+  DescribeMountTargets) its `data` holds the request's headers, which become a body
+  that was never signed: every such call fails with SignatureDoesNotMatch. Such a
+  request is rebuilt with an empty body here, as it was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+from moto.core.responses import ActionResult, EmptyResult
+from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.responses import EC2Response
+from moto.iam.access_control import IAMRequestBase
+from moto.secretsmanager.responses import SecretsManagerResponse
+
+_PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
+# RunInstances parameters a launch template may set and moto does not apply.
+TEMPLATE_KEYS = ("NetworkInterfaces", "IamInstanceProfile", "MetadataOptions", "InstanceMarketOptions", "Placement")
+
+
+def _groups(response: EC2Response) -> dict[str, dict]:
+    return _PLACEMENT_GROUPS.setdefault((response.current_account, response.region), {})
+
+
+def create_placement_group(self: EC2Response) -> ActionResult:
+    name = self._get_param("GroupName")
+    groups = _groups(self)
+    if name in groups:
+        raise EC2ClientError("InvalidPlacementGroup.Duplicate", f"The placement group '{name}' already exists.")
+    tags = self._parse_tag_specification().get("placement-group", {})
+    group = {
+        "GroupName": name,
+        "GroupId": f"pg-{uuid.uuid4().hex[:17]}",
+        "Strategy": self._get_param("Strategy") or "cluster",
+        "State": "available",
+        "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
+    }
+    groups[name] = group
+    return ActionResult({"PlacementGroup": group})
+
+
+def describe_placement_groups(self: EC2Response) -> ActionResult:
+    names = self._get_param("GroupNames", [])
+    filters = self._filters_from_querystring()
+    found = []
+    for group in _groups(self).values():
+        tags = {t["Key"]: t["Value"] for t in group["Tags"]}
+        if names and group["GroupName"] not in names:
+            continue
+        if "group-name" in filters and group["GroupName"] not in filters["group-name"]:
+            continue
+        if any(key.startswith("tag:") and tags.get(key[4:]) not in values for key, values in filters.items()):
+            continue
+        found.append(group)
+    missing = set(names) - {g["GroupName"] for g in found}
+    if missing:
+        raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{min(missing)}' is unknown.")
+    return ActionResult({"PlacementGroups": found})
+
+
+def delete_placement_group(self: EC2Response) -> ActionResult:
+    name = self._get_param("GroupName")
+    if _groups(self).pop(name, None) is None:
+        raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+    return EmptyResult()
+
+
+def _apply_launch_template(response: EC2Response) -> None:
+    template = response._get_param("LaunchTemplate", {})
+    if not template:
+        return
+    data = response.ec2_backend._get_template_from_args(template).data
+    for key in TEMPLATE_KEYS:
+        if data.get(key) and not response._get_param(key):
+            response.params[key] = data[key]
+    if response._get_param("SubnetId") and response.params.get("NetworkInterfaces") is data.get("NetworkInterfaces"):
+        # A request-level subnet replaces the template's interfaces (EC2 refuses both in one request).
+        response.params.pop("NetworkInterfaces")
+
+
+def _check_capacity(response: EC2Response) -> None:
+    path = os.environ.get("MOTO_CAPACITY_FILE")
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as handle:
+        limits = json.load(handle)
+    instance_type = response._get_param("InstanceType")
+    template = response._get_param("LaunchTemplate", {})
+    if not instance_type and template:
+        instance_type = response.ec2_backend._get_template_from_args(template).data.get("InstanceType")
+    if instance_type not in limits:
+        return
+    count = int(response._get_param("MinCount", if_none="1"))
+    used = sum(
+        1
+        for reservation in response.ec2_backend.all_reservations()
+        for instance in reservation.instances
+        if instance.instance_type == instance_type and instance.state != "terminated"
+    )
+    if used + count > limits[instance_type]:
+        raise EC2ClientError(
+            "InsufficientInstanceCapacity",
+            f"We currently do not have sufficient {instance_type} capacity in the Availability Zone "
+            "you requested. Our system will be working on provisioning additional capacity.",
+        )
+
+
+_run_instances = EC2Response.run_instances
+
+
+def run_instances(self: EC2Response) -> ActionResult:
+    _check_capacity(self)
+    _apply_launch_template(self)
+    return _run_instances(self)
+
+
+def _secret_resource(self: SecretsManagerResponse) -> str:
+    secret_id = self._get_param("SecretId") or self._get_param("Name")
+    if not secret_id:
+        return "*"
+    secret = self.backend.secrets.get(secret_id)
+    if secret is not None:
+        return secret.arn
+    if secret_id.startswith("arn:"):
+        return secret_id
+    return f"arn:aws:secretsmanager:{self.region}:{self.current_account}:secret:{secret_id}"
+
+
+_create_aws_request = IAMRequestBase._create_aws_request
+
+
+def create_aws_request(self: IAMRequestBase):
+    request = _create_aws_request(self)
+    if not self._body and self._method in ("GET", "HEAD", "DELETE"):
+        request.data = b""
+    return request
+
+
+def install() -> None:
+    """Patch this process's moto (idempotent)."""
+    EC2Response.create_placement_group = create_placement_group
+    EC2Response.describe_placement_groups = describe_placement_groups
+    EC2Response.delete_placement_group = delete_placement_group
+    EC2Response.run_instances = run_instances
+    SecretsManagerResponse._determine_resource = _secret_resource
+    IAMRequestBase._create_aws_request = create_aws_request

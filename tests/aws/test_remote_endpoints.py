@@ -1,0 +1,93 @@
+"""The aws provider's SSH side against moto: endpoints, wait_ready for the head,
+and known_hosts lines of replaced instances forgotten by `cluster up`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from awstest import example_config, live_instances, run_cb, tag_map
+from paramiko.hostkeys import HostKeys
+
+from clusterbake import remote
+from clusterbake.config import load_config
+from clusterbake.errors import ClusterbakeError
+from clusterbake.providers.aws.ami import write_record
+from clusterbake.providers.aws.provider import AwsProvider
+from clusterbake.state import StateDir
+
+CLUSTER = "sshkeys"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKnLhc+bqT1CV7aEgmuyrkmzHfIzmN2ZRDo8ulTN2JGH"
+
+
+@pytest.fixture(scope="module")
+def cluster(moto, network, tmp_path_factory):
+    state_dir = tmp_path_factory.mktemp("state-sshkeys")
+    write_record(StateDir(state_dir), network.ami_id, "us-east-1")
+    config = example_config(network, cluster_name=CLUSTER)
+    config["aws"]["bastion"] = "jump@bastion.example.com:2222"
+    run_cb(moto, state_dir, config, "cluster", "up", "--provision-only")
+    yield {"state_dir": state_dir, "config": config, "path": state_dir / f"{CLUSTER}.yaml"}
+    run_cb(moto, state_dir, config, "cluster", "down")
+
+
+@pytest.fixture
+def provider(moto, cluster, monkeypatch):
+    for key, value in moto.env.items():
+        monkeypatch.setenv(key, value)
+    return AwsProvider(load_config(cluster["path"]), StateDir(cluster["state_dir"]))
+
+
+def _addresses(moto) -> dict[str, tuple[str, str]]:
+    return {
+        tag_map(i)["clusterbake:name"]: (i["InstanceId"], i["PrivateIpAddress"])
+        for i in live_instances(moto.ec2(), CLUSTER)
+    }
+
+
+def test_endpoint_is_the_private_ip_as_ssh_user_with_sudo_through_the_bastion(moto, provider):
+    head = provider.endpoint("head")
+    assert head.host == _addresses(moto)["head"][1]
+    assert (head.name, head.user, head.port, head.sudo) == ("head", "ubuntu", 22, True)
+    assert head.host_key_policy == "accept-new" and head.gateway == "jump@bastion.example.com:2222"
+    assert head.known_hosts == provider.cluster.known_hosts
+
+
+def test_wait_ready_probes_only_the_head(moto, provider, monkeypatch):
+    # Ansible configures only the head; compute nodes fetch their bundle themselves.
+    calls = []
+    monkeypatch.setattr(remote, "wait_ready", lambda endpoints, timeout: calls.append((endpoints, timeout)))
+    provider.wait_ready(timeout=42)
+    assert len(calls) == 1
+    endpoints, timeout = calls[0]
+    assert timeout == 42
+    assert {name: e.host for name, e in endpoints.items()} == {"head": _addresses(moto)["head"][1]}
+
+    def unreachable(endpoints, timeout):
+        raise remote.RemoteError("1 of 1 nodes did not answer SSH within 42s:\n  head: cannot reach head")
+
+    monkeypatch.setattr(remote, "wait_ready", unreachable)
+    with pytest.raises(ClusterbakeError, match=r"(?s)head: cannot reach.*check aws.ssh_cidrs"):
+        provider.wait_ready(timeout=42)
+
+
+def test_up_forgets_the_host_keys_of_a_replaced_instance(moto, cluster):
+    ec2 = moto.ec2()
+    before = _addresses(moto)
+    known_hosts = cluster["state_dir"] / "clusters" / CLUSTER / "ssh" / "known_hosts"
+    old_id, old_address = before["gpu-2"]
+    lines = [
+        f"{before['head'][1]},head {KEY}\n",
+        f"{old_address},gpu-2 {KEY}\n",
+        f"{HostKeys.hash_host(old_address)} {KEY}\n",  # as OpenSSH (Ansible) writes it on Debian
+        f"{before['gpu-1'][1]} {KEY}\n",
+    ]
+    known_hosts.write_text("".join(lines))
+    ec2.terminate_instances(InstanceIds=[old_id])
+    result = run_cb(moto, cluster["state_dir"], cluster["config"], "cluster", "up", "--provision-only")
+    assert "forgot the host keys of replaced node(s) gpu-2" in result.stderr
+    assert known_hosts.read_text() == lines[0] + lines[3]
+    state = json.loads((known_hosts.parents[1] / "state.json").read_text())
+    assert state["nodes"]["gpu-2"]["instance_id"] == _addresses(moto)["gpu-2"][0] != old_id
+    again = run_cb(moto, cluster["state_dir"], cluster["config"], "cluster", "up", "--provision-only")
+    assert "forgot" not in again.stderr and known_hosts.read_text() == lines[0] + lines[3]

@@ -1,0 +1,211 @@
+"""An AWS cluster end to end on the EC2 twin (issue 7's "done when").
+
+One cluster (examples/aws-twin.yaml as `citwin`) serves the tests in order; the last
+ones take it down and check that nothing is left in the twin's account or on the host.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CLUSTER, REPO, run
+
+from clusterbake.providers.aws.userdata import user_data
+
+pytestmark = pytest.mark.integration
+
+
+def test_example_names_the_twins_ids(twin):
+    example = yaml.safe_load((REPO / "examples" / "aws-twin.yaml").read_text())["aws"]
+    status = twin.status()
+    assert status["running"]
+    assert (example["vpc_id"], example["subnet_id"]) == (status["vpc_id"], status["subnet_id"])
+    assert example["ami_id"] in status["amis"].values()
+
+
+def test_compute_nodes_joined_by_themselves(twin):
+    # No SSH login ever reached a compute node: they fetched their bundle and joined
+    # at boot, while Ansible configured only the head.
+    for name in ("cpu-1", "cpu-2"):
+        instance = twin.instance(name)
+        logins = twin.inside(
+            instance["InstanceId"], "journalctl -u ssh --no-pager | grep -c 'Accepted publickey' || true"
+        )
+        assert logins.stdout.strip() == "0", f"{name}: something logged in over SSH during cluster up"
+        fetch = twin.inside(instance["InstanceId"], "journalctl -u clusterbake-node-fetch --no-pager")
+        assert f"joined from secret clusterbake/{CLUSTER}/join/cpu" in fetch.stdout, fetch.stdout[-2000:]
+    states = twin.wait_idle({"cpu-1", "cpu-2"}, timeout=30)
+    assert states["cpu-1"] == states["cpu-2"] == "idle"
+
+
+def test_srun_on_both_nodes(twin):
+    result = twin.on("head", "srun -N2 hostname")
+    assert sorted(result.stdout.split()) == ["cpu-1", "cpu-2"]
+
+
+def test_second_cluster_up_changes_nothing(twin):
+    before = {n: twin.instance(n)["InstanceId"] for n in ("head", "cpu-1", "cpu-2")}
+    result = twin.cb("cluster", "up", timeout=900)
+    assert ", 0 changed tasks" in result.stdout, result.stdout + result.stderr[-3000:]
+    assert "launching" not in result.stderr
+    assert {n: twin.instance(n)["InstanceId"] for n in before} == before
+
+
+def test_deepspeed_trains_across_both_nodes_with_checkpoint_on_shared_storage(twin):
+    result = twin.cb(
+        "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "twin-ds",
+        "--wait", "--", "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json",
+        "--steps", "12", "--checkpoint-every", "6",
+        timeout=1200,
+    )  # fmt: skip
+    assert "nodes: cpu-1, cpu-2 (world size 2)" in result.stdout, result.stdout[-3000:]
+    # The checkpoint is on the shared file system: the head (which ran no rank) sees it.
+    listing = twin.on("head", "ls /shared/checkpoints/twin-ds && stat -c %U /shared/checkpoints/twin-ds")
+    assert "step12" in listing.stdout.split(), listing.stdout
+    assert listing.stdout.split()[-1] == "researcher"
+    mounts = twin.on("cpu-1", "findmnt -n -o TARGET /shared; findmnt -n -o TARGET /home")
+    assert mounts.stdout.split() == ["/shared", "/home"]
+
+
+def test_stopped_and_started_instance_rejoins_without_ansible(twin):
+    twin.cb("node", "stop", "cpu-2")
+    assert twin.instance("cpu-2")["State"]["Name"] == "stopped"
+    twin.cb("node", "start", "cpu-2")
+    twin.wait_idle({"cpu-2"})
+    assert sorted(twin.on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
+
+
+def test_terminated_instance_is_replaced_and_rejoins_without_ansible(twin):
+    old = twin.instance("cpu-2")
+    ec2 = twin.client("ec2")
+    ec2.terminate_instances(InstanceIds=[old["InstanceId"]])
+    ec2.get_waiter("instance_terminated").wait(InstanceIds=[old["InstanceId"]], WaiterConfig={"Delay": 1})
+    twin.cb("node", "start", "cpu-2")
+    new = twin.instance("cpu-2")
+    assert new["InstanceId"] != old["InstanceId"]
+    # The replacement keeps the node's address: nothing on the head changes.
+    assert new["PrivateIpAddress"] == old["PrivateIpAddress"]
+    twin.wait_idle({"cpu-2"})
+    fetch = twin.inside(new["InstanceId"], "journalctl -u clusterbake-node-fetch --no-pager")
+    assert "joined from secret" in fetch.stdout
+    assert sorted(twin.on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
+
+
+def test_instance_without_the_profile_cannot_read_the_bundle(twin):
+    cpu1 = twin.instance("cpu-1")
+    ec2 = twin.client("ec2")
+    raw = ec2.describe_instance_attribute(InstanceId=cpu1["InstanceId"], Attribute="userData")["UserData"]["Value"]
+    document = base64.b64decode(raw).decode()
+    join = json.loads(re.search(r"\{\n.*\n\}", document, re.S).group(0))["join"]
+    data = user_data(cluster=CLUSTER, hostname="intruder", ssh_user="ubuntu", authorized_keys=[], join=join)
+    launched = ec2.run_instances(
+        ImageId=cpu1["ImageId"],
+        InstanceType="c7a.large",
+        MinCount=1,
+        MaxCount=1,
+        SubnetId=cpu1["SubnetId"],
+        UserData=data,
+        MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
+    )["Instances"][0]
+    try:
+        deadline = time.monotonic() + 120
+        journal = ""
+        while time.monotonic() < deadline:
+            time.sleep(3)
+            journal = twin.inside(
+                launched["InstanceId"], "journalctl -u clusterbake-node-fetch --no-pager", check=False
+            ).stdout
+            if "no IAM instance profile" in journal:
+                break
+        assert "this instance has no IAM instance profile, so it cannot read its join bundle" in journal, journal
+        assert twin.inside(launched["InstanceId"], "test -e /etc/munge/munge.key", check=False).returncode != 0
+    finally:
+        ec2.terminate_instances(InstanceIds=[launched["InstanceId"]])
+
+
+def test_node_role_reads_only_its_own_clusters_secrets(twin):
+    secrets = twin.client("secretsmanager")
+    other = secrets.create_secret(Name="clusterbake/othercluster/join/cpu", SecretString="not yours")["ARN"]
+    try:
+        probe = (
+            "import boto3, json, sys\n"
+            "source = json.load(open('/etc/clusterbake/join-source.json'))\n"
+            "c = boto3.session.Session().client('secretsmanager', region_name=source['region'],"
+            " endpoint_url=source['endpoint_url'])\n"
+            "out = {}\n"
+            "for name in (source['secret_id'], sys.argv[1]):\n"
+            "    try:\n"
+            "        c.get_secret_value(SecretId=name); out[name] = 'read'\n"
+            "    except Exception as exc:\n"
+            "        out[name] = type(exc).__name__ + ': ' + str(exc)\n"
+            "print(json.dumps(out))\n"
+        )
+        result = twin.on("cpu-1", f"python3 -c {shlex.quote(probe)} clusterbake/othercluster/join/cpu")
+        answers = json.loads(result.stdout)
+        assert answers[f"clusterbake/{CLUSTER}/join/cpu"] == "read"
+        assert "AccessDenied" in answers["clusterbake/othercluster/join/cpu"]
+    finally:
+        secrets.delete_secret(SecretId=other, ForceDeleteWithoutRecovery=True)
+
+
+def test_spot_and_rebalance_notices_appear_in_the_nodes_metadata(twin):
+    from clusterbake.state import StateDir
+    from clusterbake.twins.aws import control
+
+    state = StateDir(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")))
+    instance_id = twin.instance("cpu-1")["InstanceId"]
+    probe = (
+        "import urllib.request as u\n"
+        "IMDS = 'http://169.254.169.254/latest/'\n"
+        "ask = u.Request(IMDS + 'api/token', method='PUT', headers={'X-aws-ec2-metadata-token-ttl-seconds': '60'})\n"
+        "token = u.urlopen(ask).read().decode()\n"
+        "for path in ('spot/instance-action', 'events/recommendations/rebalance'):\n"
+        "    try:\n"
+        "        print(u.urlopen(u.Request(IMDS + 'meta-data/' + path, headers={'X-aws-ec2-metadata-token': token}))"
+        ".read().decode())\n"
+        "    except Exception as exc:\n"
+        "        print(exc)\n"
+    )
+    read = f"python3 -c {shlex.quote(probe)}"
+    before = twin.inside(instance_id, read).stdout.splitlines()
+    assert all("404" in line for line in before), before
+    control.request(state, "PUT", f"/instances/{instance_id}/notices/spot", {"action": "terminate", "seconds": 120})
+    control.request(state, "PUT", f"/instances/{instance_id}/notices/rebalance", {})
+    spot, rebalance = (json.loads(line) for line in twin.inside(instance_id, read).stdout.splitlines())
+    assert spot["action"] == "terminate" and spot["time"].endswith("Z")
+    assert set(rebalance) == {"noticeTime"}
+    control.request(state, "DELETE", f"/instances/{instance_id}/notices/spot")
+    control.request(state, "DELETE", f"/instances/{instance_id}/notices/rebalance")
+    assert all("404" in line for line in twin.inside(instance_id, read).stdout.splitlines())
+    assert twin.instance("cpu-1")["State"]["Name"] == "running"  # a notice without enforce stops nothing
+
+
+def test_cluster_down_leaves_nothing_in_the_account_or_on_the_host(twin):
+    twin.cb("cluster", "down", timeout=600)
+    ec2, iam = twin.client("ec2"), twin.client("iam")
+    tag = [{"Name": "tag:clusterbake:cluster", "Values": [CLUSTER]}]
+    live = [
+        i
+        for r in ec2.describe_instances(Filters=tag)["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] != "terminated"
+    ]
+    assert live == []
+    assert ec2.describe_launch_templates(Filters=tag)["LaunchTemplates"] == []
+    assert ec2.describe_security_groups(Filters=tag)["SecurityGroups"] == []
+    listed = twin.client("secretsmanager").list_secrets(Filters=[{"Key": "tag-value", "Values": [CLUSTER]}])
+    assert listed["SecretList"] == []
+    assert [r for r in iam.list_roles()["Roles"] if CLUSTER in r["RoleName"]] == []
+    assert [p for p in iam.list_instance_profiles()["InstanceProfiles"] if CLUSTER in p["InstanceProfileName"]] == []
+    assert twin.client("efs").describe_file_systems()["FileSystems"] == []
+    # The twin removed every node of those instances.
+    assert [i for i in twin.status()["instances"] if i["node"] != "absent"] == []
+    assert not run(["ip", "netns", "list"]).stdout.count("cb-twin-aws-i-")
