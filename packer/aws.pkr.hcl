@@ -17,7 +17,7 @@ variable "aws_region" {
 
 variable "aws_base" {
   type        = string
-  default     = "ubuntu-22.04"
+  default     = "ubuntu-24.04"
   description = "Base OS: ubuntu-22.04 or ubuntu-24.04 (Canonical's newest AMI of that release)."
 
   validation {

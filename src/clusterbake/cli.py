@@ -121,6 +121,7 @@ def cmd_job_submit(args: argparse.Namespace) -> int:
         job_name=args.job_name,
         upload_dir=Path(args.upload) if args.upload else None,
         args=extra,
+        gpus=args.gpus_per_node,
     )
     print(f"submitted job {job_id} (output: {output})", flush=True)
     if not args.wait:
@@ -198,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--user", help="run as this cluster user (default: the config's first user)")
     submit.add_argument("--job-name", help="default: the template's name; names the checkpoint directory")
     submit.add_argument("--upload", metavar="DIR", help="copy DIR to /shared/<its name> first")
+    submit.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="N",
+        help="GPUs asked per node (default: all of the partition's smallest node, as Slurm knows them; 0: none)",
+    )
     submit.add_argument("--wait", action="store_true", help="stream the output; exit with the job's status")
     submit.epilog = "Arguments after -- go to the template (e.g. the training script and its flags)."
     submit.set_defaults(func=cmd_job_submit)

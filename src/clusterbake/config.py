@@ -37,10 +37,17 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The image base when the config names none. AWS: Ubuntu 24.04 (Slurm 23.11, which has the
+# cgroup/v2 plugin that Ubuntu's cgroup-v2-only boot needs; see SLURM_PLUGIN_DEFAULTS).
+DEFAULT_IMAGE_BASE = {"local": "debian-12", "aws": "ubuntu-24.04"}
+
+
 class ImageConfig(Strict):
     base: Literal["debian-12", "ubuntu-22.04", "ubuntu-24.04"] = Field(
-        "debian-12",
-        description="Base distribution: debian-12 for the local provider, ubuntu-22.04 or ubuntu-24.04 for AWS.",
+        DEFAULT_IMAGE_BASE["local"],
+        description="Base distribution; default per provider: local debian-12 (the only one it builds), aws "
+        "ubuntu-24.04 (Slurm 23.11, cgroup v2). ubuntu-22.04's Slurm 21.08 has no cgroup v2 support: its clusters "
+        "run Slurm without cgroup plugins (no cgroup enforcement of cores, memory or GPUs).",
     )
     extra_ca_certificates: list[str] = Field(
         default_factory=list,
@@ -56,7 +63,8 @@ class ImageConfig(Strict):
 
 INSTANCE_TYPE_PATTERN = r"^[a-z0-9-]+\.[a-z0-9-]+$"
 # Sizing keys that only the local provider reads: on AWS the instance type decides them.
-LOCAL_SIZING_KEYS = ("cpus", "memory_mb", "sockets", "threads_per_core")
+LOCAL_SIZING_KEYS = ("cpus", "memory_mb", "sockets", "threads_per_core", "gpus", "gpu_type")
+MAX_PLACEHOLDER_GPUS = 16
 
 
 class NodeSize(Strict):
@@ -80,6 +88,14 @@ class NodeGroup(NodeSize):
     count: int = Field(ge=0, description="Number of nodes in this group.")
     sockets: int = Field(1, ge=1, description="Local provider: Slurm Sockets; cores per socket follow from cpus.")
     threads_per_core: int = Field(1, ge=1, description="Local provider: Slurm ThreadsPerCore.")
+    gpus: int = Field(
+        0,
+        ge=0,
+        le=MAX_PLACEHOLDER_GPUS,
+        description="Local provider: placeholder GPUs per node (character devices /dev/nvidia0.., GRES gpu, "
+        "gres.conf), NOT real GPUs: they let scheduling, GRES and the job templates run for real.",
+    )
+    gpu_type: Name = Field("placeholder", description="Local provider: the GRES type of the placeholder GPUs.")
     features: list[Name] = Field(default_factory=list, description="Slurm features and inventory groups.")
     gres: list[str] = Field(
         default_factory=list,
@@ -221,10 +237,42 @@ class User(Strict):
     ssh_authorized_keys: list[str] = Field(default_factory=list, description="Public keys for SSH to the head.")
 
 
+# Plugin choices that work in each environment, by provider ("cloud": every cloud provider)
+# and, where an image base needs other ones, by image base. Slurm's cgroup plugins need a
+# cgroup plugin for the host's cgroup version: the local provider's nspawn nodes on a cgroup
+# v1 hybrid host cannot use them (PLATFORM.md); Ubuntu 24.04 boots cgroup v2 only and its
+# Slurm 23.11 has cgroup/v2; Ubuntu 22.04 boots cgroup v2 only too, but its Slurm 21.08 has
+# cgroup/v1 only (cgroup/v2 came with Slurm 22.05), so slurmd would not start with them.
+_WITHOUT_CGROUP = {
+    "proctrack_type": "proctrack/linuxproc",
+    "task_plugin": "task/affinity",
+    "jobacct_gather_type": "jobacct_gather/linux",
+}
+SLURM_PLUGIN_DEFAULTS = {
+    "local": _WITHOUT_CGROUP,
+    "cloud": {
+        "proctrack_type": "proctrack/cgroup",
+        "task_plugin": "task/cgroup,task/affinity",
+        "jobacct_gather_type": "jobacct_gather/cgroup",
+    },
+    "ubuntu-22.04": _WITHOUT_CGROUP,
+}
+# Image bases whose Slurm cannot run the cgroup plugins at all, and why.
+SLURM_WITHOUT_CGROUP_V2 = {
+    "ubuntu-22.04": "Ubuntu 22.04 boots cgroup v2 only and its Slurm 21.08 has no cgroup/v2 plugin (Slurm 22.05 "
+    "added it)",
+}
+
+
+def _plugin_default_text(key: str) -> str:
+    cloud, without = SLURM_PLUGIN_DEFAULTS["cloud"][key], SLURM_PLUGIN_DEFAULTS["local"][key]
+    return f"Default: aws {cloud} (ubuntu-24.04); {without} on local and on aws ubuntu-22.04."
+
+
 class SlurmConfig(Strict):
-    proctrack_type: str | None = Field(None, description="Default per provider: local proctrack/linuxproc.")
-    task_plugin: str | None = Field(None, description="Default per provider: local task/affinity.")
-    jobacct_gather_type: str | None = Field(None, description="Default per provider: local jobacct_gather/linux.")
+    proctrack_type: str | None = Field(None, description=_plugin_default_text("proctrack_type"))
+    task_plugin: str | None = Field(None, description=_plugin_default_text("task_plugin"))
+    jobacct_gather_type: str | None = Field(None, description=_plugin_default_text("jobacct_gather_type"))
 
 
 class LocalConfig(Strict):
@@ -274,9 +322,11 @@ class AwsConfig(Strict):
         "key aws/secretsmanager.",
     )
     network_interface: str = Field(
-        "ens5",
+        "auto",
         pattern=r"^[a-z][a-z0-9]{1,14}$",
-        description="Primary interface name on the instances (Ubuntu on Nitro: ens5): NCCL and gloo bootstrap on it.",
+        description="Interface NCCL and gloo bootstrap on (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). auto: found on "
+        "each node (the one with its route to the head; names differ by type and OS: ens5, enp71s0 on p5); "
+        "an interface name overrides it.",
     )
 
     @field_validator("ssh_cidrs")
@@ -288,22 +338,6 @@ class AwsConfig(Strict):
             except ValueError as exc:
                 raise ValueError(f"'{value}' is not a CIDR block ({exc})") from None
         return values
-
-
-# Plugin choices that work in each environment (PLATFORM.md: nspawn nodes on a
-# cgroup v1 hybrid host cannot use Slurm's cgroup plugins; cloud VMs run cgroup v2).
-SLURM_PLUGIN_DEFAULTS = {
-    "local": {
-        "proctrack_type": "proctrack/linuxproc",
-        "task_plugin": "task/affinity",
-        "jobacct_gather_type": "jobacct_gather/linux",
-    },
-    "cloud": {
-        "proctrack_type": "proctrack/cgroup",
-        "task_plugin": "task/cgroup,task/affinity",
-        "jobacct_gather_type": "jobacct_gather/cgroup",
-    },
-}
 
 
 class ClusterConfig(Strict):
@@ -324,6 +358,17 @@ class ClusterConfig(Strict):
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="Per-environment Slurm plugin choices.")
     local: LocalConfig = Field(default_factory=LocalConfig, description="Settings of the local provider.")
     aws: AwsConfig | None = Field(None, description="Settings of the aws provider (required with provider aws).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_image_base(cls, data):
+        """image.base defaults per provider (DEFAULT_IMAGE_BASE)."""
+        if not isinstance(data, dict) or not isinstance(provider := data.get("provider"), str):
+            return data
+        image = data.get("image", {})
+        if provider in DEFAULT_IMAGE_BASE and isinstance(image, dict) and "base" not in image:
+            data = {**data, "image": {**image, "base": DEFAULT_IMAGE_BASE[provider]}}
+        return data
 
     @model_validator(mode="after")
     def _cross_references(self) -> ClusterConfig:
@@ -370,7 +415,11 @@ class ClusterConfig(Strict):
         if self.aws is None:
             raise ValueError("aws: required with provider aws (region, vpc_id, subnet_id, ssh_cidrs, ...)")
         if not self.image.base.startswith("ubuntu-"):
-            raise ValueError("image.base: AWS images are Ubuntu; set image.base to ubuntu-22.04 or ubuntu-24.04")
+            raise ValueError(
+                f"image.base: AWS images are Ubuntu; remove image.base (default {DEFAULT_IMAGE_BASE['aws']}) "
+                "or set ubuntu-24.04 or ubuntu-22.04"
+            )
+        self._check_slurm_plugins()
         sections = [("head", self.head)] + [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
         for field, section in sections:
             if not section.instance_type:
@@ -381,6 +430,20 @@ class ClusterConfig(Strict):
                         f"{field}.{key}: only for provider local; on aws CPUs, sockets and memory come "
                         f"from the instance type ({section.instance_type}); remove it"
                     )
+
+    def _check_slurm_plugins(self) -> None:
+        """No cgroup plugin where the image's Slurm cannot run one (SLURM_WITHOUT_CGROUP_V2)."""
+        reason = SLURM_WITHOUT_CGROUP_V2.get(self.image.base)
+        if reason is None:
+            return
+        defaults = SLURM_PLUGIN_DEFAULTS.get(self.image.base, SLURM_PLUGIN_DEFAULTS["cloud"])
+        for key, value in self.slurm.model_dump().items():
+            if value and any(plugin.strip().endswith("/cgroup") for plugin in value.split(",")):
+                raise ValueError(
+                    f"slurm.{key}: {value} needs Slurm's cgroup plugins, which cannot run on image.base "
+                    f"{self.image.base}: {reason}; remove slurm.{key} (default there: {defaults[key]}) "
+                    f"or set image.base: {DEFAULT_IMAGE_BASE['aws']}"
+                )
 
     def _check_storage(self) -> None:
         allowed = STORAGE_TYPES[self.provider]
@@ -419,7 +482,11 @@ class ClusterConfig(Strict):
         return [Partition(name=g.name, node_groups=[g.name], default=i == 0) for i, g in enumerate(self.node_groups)]
 
     def slurm_plugins(self) -> dict[str, str]:
-        defaults = SLURM_PLUGIN_DEFAULTS["local" if self.provider == "local" else "cloud"]
+        """The configured plugin types, else the defaults of the provider and image base."""
+        if self.provider == "local":
+            defaults = SLURM_PLUGIN_DEFAULTS["local"]
+        else:
+            defaults = SLURM_PLUGIN_DEFAULTS.get(self.image.base, SLURM_PLUGIN_DEFAULTS["cloud"])
         chosen = self.slurm.model_dump()
         return {key: chosen[key] or value for key, value in defaults.items()}
 

@@ -13,17 +13,44 @@ from dataclasses import asdict, dataclass
 
 EVENT_PREFIX = "CLUSTERBAKE_EVENT "
 
-# NCCL_DEBUG=INFO lines. Channel lines ("... via NET/IB/0/GDRDMA") say what carried
-# inter-node traffic; "Using network X" and the NET/<plugin> init lines say what
-# was selected. aws-ofi-nccl calls itself "AWS Libfabric" (older) or "Libfabric".
-_VIA = re.compile(r"via NET/(?P<net>AWS Libfabric|Libfabric|IB|Socket)(?P<rest>/\S*)?")
-_USING = re.compile(r"NCCL INFO Using network (?P<net>AWS Libfabric|Libfabric|IB|Socket)")
+# NCCL_DEBUG=INFO lines, as NCCL 2.21/2.23 and aws-ofi-nccl 1.9 print them (the source files
+# are named in tests/unit/data/README.md, whose fixtures imitate them). Channel lines say
+# what carried inter-node traffic:
+# "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA", through another local rank's NIC
+# (PXN) "via NET/IB/0(1)/GDRDMA" (transport/net.cc); NCCL 2.4 printed "Ring 00 : 7 -> 8
+# [send] via NET/AWS Libfabric/0". "Using network X" (init.cc) names the network selected.
+# X is NCCL's own IB or Socket, or aws-ofi-nccl's: "AWS Libfabric" up to 1.11, "Libfabric"
+# from 1.12, where NCCL_NET=OFI or NCCL_NET="AWS Libfabric" renames it to match
+# (nccl_ofi_interface_nvidia.c); or HPC-X's InfiniBand plugin, "IBext_v8" and so on
+# (nccl-rdma-sharp-plugins, ib_plugin.c).
+# Keys are patterns, a name before any name it starts with.
+_NET_NAMES = {
+    "AWS Libfabric": "libfabric",
+    "Libfabric": "libfabric",
+    "OFI": "libfabric",
+    r"IBext(?:_v\d+)?": "ib",
+    "IB": "ib",
+    "Socket": "socket",
+}
+_NET = "|".join(_NET_NAMES)
+# The whole name, then the device number: "NET/IBext_v8/0" is not "NET/IB".
+_VIA = re.compile(rf"\bvia NET/(?P<net>{_NET})/(?P<dev>\d+)(?:\((?P<proxy>\d+)\))?(?P<flags>\S*)")
+_USING = re.compile(rf"NCCL INFO Using network (?P<net>{_NET})$")
 _OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<provider>[\w;-]+)")
 _NET_INIT = re.compile(r"NCCL INFO NET/(?P<net>IB|Socket) : Using (?P<devices>.+)")
+# No net plugin was loaded, so NCCL runs its own IB or Socket transport (net.cc): NCCL 2.21
+# "NET/Plugin: No plugin found (libnccl-net.so)" ... "NET/Plugin: Using internal network
+# plugin."; 2.23 and later "NET/Plugin: Could not find: libnccl-net.so. Using internal network
+# plugin." ("TUNER/Plugin: ..." lines are about the tuner, not the network).
+_PLUGIN_INTERNAL = re.compile(r"\bNET/Plugin: .*Using internal network plugin")
+_PLUGIN_MISSING = re.compile(
+    r"\bNET/Plugin: (?:No plugin found \((?P<name>[^)]+)\)|Could not find: (?P<names>.+?)\. Using)"
+)
+# NCCL_NET named a network that no loaded plugin provides; NCCL stops (net.cc).
+_NET_NOT_FOUND = re.compile(r"NCCL WARN Error: network (?P<net>.*?) not found\.")
 _FABRIC = re.compile(r"clusterbake: .*\bfabric (?P<fabric>efa|ib|tcp)\b")
 _NCCL_VERSION = re.compile(r"NCCL version (?P<version>[\d.]+)")
 
-_NET_NAMES = {"AWS Libfabric": "libfabric", "Libfabric": "libfabric", "IB": "ib", "Socket": "socket"}
 # What each fabric should carry collectives over.
 _EXPECTED = {"efa": {"efa"}, "ib": {"ib"}, "tcp": {"socket", "gloo-tcp", "efa", "ib"}}
 
@@ -38,6 +65,7 @@ class Transport:
     fabric: str | None = None  # the node's fabric profile, from the job log
     mismatch: bool = False
     advice: str = ""
+    net_plugin: str = ""  # why NCCL runs without a net plugin, when its log says so
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -55,31 +83,39 @@ def events(log: str) -> list[dict]:
     return found
 
 
-def _nccl_transport(log: str) -> tuple[str, str, bool] | None:
+def _nccl_transport(lines: list[str]) -> tuple[str, str, bool] | None:
     """(transport, evidence line, GPUDirect RDMA) from NCCL's own lines."""
-    lines = log.splitlines()
     provider = next((m["provider"] for line in lines if (m := _OFI_PROVIDER.search(line))), None)
 
     def classify(net: str) -> str:
-        kind = _NET_NAMES[net]
+        kind = next(kind for name, kind in _NET_NAMES.items() if re.fullmatch(name, net))
         if kind == "libfabric":
             return "efa" if provider is None or provider.startswith("efa") else "libfabric"
         return kind
 
-    for line in lines:
-        match = _VIA.search(line)
-        if match:
-            rdma = any("GDRDMA" in (m.group("rest") or "") for m in map(_VIA.search, lines) if m)
-            return classify(match["net"]), line.strip(), rdma
+    via = [(line, m) for line in lines if (m := _VIA.search(line))]
+    if via:
+        line, first = via[0]
+        rdma = any("/GDRDMA" in m["flags"] for _, m in via if m["net"] == first["net"])
+        return classify(first["net"]), line.strip(), rdma
     for pattern in (_USING, _NET_INIT):
         for line in lines:
-            match = pattern.search(line)
+            match = pattern.search(line.rstrip())
             if match:
                 return classify(match["net"]), line.strip(), False
     if provider:
         line = next(line for line in lines if _OFI_PROVIDER.search(line))
         return classify("Libfabric"), line.strip(), False
     return None
+
+
+def _net_plugin_problem(lines: list[str]) -> str:
+    """What NCCL said about loading no net plugin ("" when it loaded one or said nothing)."""
+    if not any(_PLUGIN_INTERNAL.search(line) for line in lines):
+        return ""
+    missing = next((m for line in lines if (m := _PLUGIN_MISSING.search(line))), None)
+    names = (missing["name"] or missing["names"]) if missing else "libnccl-net.so"
+    return f"NCCL loaded no net plugin ({names} not found) and used its own IB/Socket transports"
 
 
 _DESCRIPTIONS = {
@@ -92,9 +128,12 @@ _DESCRIPTIONS = {
 
 
 def detect_transport(log: str) -> Transport:
+    lines = log.splitlines()
     fabric_match = _FABRIC.search(log)
     fabric = fabric_match["fabric"] if fabric_match else None
-    nccl = _nccl_transport(log)
+    nccl = _nccl_transport(lines)
+    plugin = _net_plugin_problem(lines)
+    not_found = next(((line, m) for line in lines if (m := _NET_NOT_FOUND.search(line))), None)
     init = next((e for e in events(log) if e.get("event") in ("init", "hello")), None)
     if nccl:
         kind, evidence, rdma = nccl
@@ -103,6 +142,19 @@ def detect_transport(log: str) -> Transport:
         if version:
             description += f" (NCCL {version['version']})"
         result = Transport("nccl", kind, description, evidence, rdma, fabric)
+    elif not_found:
+        line, match = not_found
+        result = Transport(
+            "nccl",
+            "unknown",
+            f"NCCL stopped: no network named {match['net']!r} (NCCL_NET)",
+            line.strip(),
+            False,
+            fabric,
+            advice=f"NCCL_NET asks for {match['net']!r}, which no loaded net plugin provides"
+            + (f" ({plugin})" if plugin else "")
+            + "; install the plugin or fix NCCL_NET",
+        )
     elif init and init.get("backend") == "gloo":
         interface = init.get("socket_ifname") or ""
         description = _DESCRIPTIONS["gloo-tcp"] + (f" on {interface}" if interface else "")
@@ -119,12 +171,15 @@ def detect_transport(log: str) -> Transport:
         )
     else:
         result = Transport("unknown", "unknown", "no collective library output in the log", "", False, fabric)
+    if result.library == "nccl":
+        result.net_plugin = plugin
     if fabric in ("efa", "ib") and result.transport not in _EXPECTED[fabric] and result.transport != "unknown":
         result.mismatch = True
-        plugin = "the aws-ofi-nccl plugin (NCCL_NET_PLUGIN, LD_LIBRARY_PATH)" if fabric == "efa" else "NCCL_IB_HCA"
+        check = "the aws-ofi-nccl plugin (NCCL_NET_PLUGIN, LD_LIBRARY_PATH)" if fabric == "efa" else "NCCL_IB_HCA"
+        cause = f"; {plugin}" if plugin and fabric == "efa" else ""
         result.advice = (
-            f"this node's fabric is {fabric} but collectives went over {result.transport}: "
-            f"check {plugin} and NCCL_DEBUG=INFO's NET/ lines before paying for another hour"
+            f"this node's fabric is {fabric} but collectives went over {result.transport}{cause}: "
+            f"check {check} and NCCL_DEBUG=INFO's NET/ lines before paying for another hour"
         )
     return result
 

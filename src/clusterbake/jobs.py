@@ -92,6 +92,22 @@ def partition_nodes(config: ClusterConfig, partition: str | None) -> tuple[str, 
     return chosen.name, sum(groups[name] for name in chosen.node_groups)
 
 
+def gpus_per_node(head: Head, partition: str) -> int:
+    """The GPUs of the partition's smallest node, as Slurm knows them (sinfo's GRES column)."""
+    text = head.text(f"sinfo --noheader --partition={shlex.quote(partition)} --format=%G")
+    return min((gres_gpus(line) for line in text.split()), default=0)
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs in a GRES string: `gpu:h100:8(S:0-1),nic:1` -> 8; `(null)` -> 0."""
+    total = 0
+    for item in re.sub(r"\([^)]*\)", "", gres).split(","):
+        fields = item.split(":")
+        if fields[0] == "gpu":
+            total += int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
+    return total
+
+
 def upload(head: Head, directory: Path, user: str) -> str:
     """Copy a directory to /shared/<name> on the cluster, owned by the job's user."""
     if not directory.is_dir():
@@ -118,6 +134,7 @@ def submit(
     job_name: str | None = None,
     upload_dir: Path | None = None,
     args: list[str] | None = None,
+    gpus: int | None = None,
 ) -> tuple[Head, str, str]:
     """Submit a template; returns (head, job id, output file)."""
     script = resolve_template(template)
@@ -137,10 +154,14 @@ def submit(
         stdin=script.read_bytes(),
     )
     output = f"{JOBS_DIR}/%x-%j.out"
+    # Slurm gives a job GPUs only when it asks (even --exclusive ones): every GPU of the node.
+    gpus = gpus_per_node(head, part) if gpus is None else gpus
     sbatch = [
         "sbatch", "--parsable", f"--job-name={name}", f"--partition={part}", f"--nodes={count}",
-        f"--output={output}", remote_script, *(args or []),
+        *([f"--gpus-per-node={gpus}"] if gpus else []), f"--output={output}", remote_script, *(args or []),
     ]  # fmt: skip
+    if gpus:
+        say(f"    {gpus} GPUs per node")
     job_id = head.text(f"cd {JOBS_DIR} && runuser -u {owner} -- {shlex.join(sbatch)}").strip().split(";")[0]
     if not job_id.isdigit():
         raise ClusterbakeError(f"sbatch did not return a job id: {job_id!r}")

@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from clusterbake import packer
+from clusterbake.config import DEFAULT_IMAGE_BASE
 from clusterbake.errors import ClusterbakeError
 from clusterbake.image import builder_groups_for, hash_repository_inputs
 from clusterbake.paths import git_revision, repo_root
@@ -47,7 +48,7 @@ DEFAULT_FEATURES = ("aws", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3")
 
 # The settings build_aws_image reads, with their defaults (region is required).
 DEFAULTS: dict[str, object] = {
-    "base": "ubuntu-22.04",
+    "base": DEFAULT_IMAGE_BASE["aws"],
     "builder_instance_type": "g5.xlarge",
     "volume_size_gb": 100,
     "volume_encrypted": True,

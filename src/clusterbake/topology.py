@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from clusterbake.config import ClusterConfig
 
 HEAD_NAME = "head"
+# The feature group of nodes whose GPUs are placeholder devices (config gpus: N).
+PLACEHOLDER_GPUS = "placeholder-gpus"  # inventory group placeholder_gpus
 
 
 @dataclass(frozen=True)
@@ -44,17 +46,24 @@ def plan_nodes(config: ClusterConfig) -> list[NodeSpec]:
         )
     ]
     for group in config.node_groups:
+        switches = list(group.features)
+        gres = list(group.gres)
+        if group.gpus:
+            # Placeholder GPUs (local provider): scheduled like real ones; the `gpu` group
+            # as on clouds, `placeholder_gpus` so that no NVIDIA service is started for them.
+            switches = list(dict.fromkeys([*switches, "gpu", PLACEHOLDER_GPUS]))
+            gres = gres or [f"gpu:{group.gpu_type}:{group.gpus}"]
         spec = SlurmNodeSpec(
             cpus=group.cpus,
             sockets=group.sockets,
             cores_per_socket=group.cpus // (group.sockets * group.threads_per_core),
             threads_per_core=group.threads_per_core,
             real_memory=group.memory_mb,
-            gres=list(group.gres),
-            features=[group.name, *group.features],
+            gres=gres,
+            features=[group.name, *switches],
         )
         nodes += [
-            NodeSpec(f"{group.name}-{i}", "compute", group.name, spec, tuple(group.features))
+            NodeSpec(f"{group.name}-{i}", "compute", group.name, spec, tuple(switches))
             for i in range(1, group.count + 1)
         ]
     return nodes

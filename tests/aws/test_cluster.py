@@ -96,10 +96,18 @@ def test_gpu_launch_template_has_imdsv2_32_efa_interfaces_and_placement(moto, p5
     assert data["InstanceType"] == "p5.48xlarge"
     assert data["MetadataOptions"]["HttpTokens"] == "required"
     interfaces = data["NetworkInterfaces"]
-    assert len(interfaces) == 32  # DescribeInstanceTypes: 32 network cards, 32 EFA interfaces
-    assert all(i["InterfaceType"] == "efa" for i in interfaces)
-    assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in interfaces] == [(0, 0)] + [(c, 1) for c in range(1, 32)]
+    # AWS EC2 user guide, P5 "use case 1": an ENA primary on card 0 (device 0), EFA-only on
+    # card 0 device 1 and on cards 1-31 device 0 (DescribeInstanceTypes: 32 cards, 32 EFA).
+    layout = [(i["NetworkCardIndex"], i["DeviceIndex"], i.get("InterfaceType")) for i in interfaces]
+    assert layout == [(0, 0, None), (0, 1, "efa-only")] + [(c, 0, "efa-only") for c in range(1, 32)]
     assert all(i["SubnetId"] == network.subnet_id and i["DeleteOnTermination"] for i in interfaces)
+    # Every network interface is tagged as the node is (found by the cluster's tag).
+    interface_tags = next(s for s in data["TagSpecifications"] if s["ResourceType"] == "network-interface")
+    assert tag_map(interface_tags) == {
+        "clusterbake:cluster": CLUSTER,
+        "clusterbake:role": "compute",
+        "clusterbake:nodegroup": "gpu",
+    }
     assert data["Placement"] == {"GroupName": f"clusterbake-{CLUSTER}-gpu"}
     assert "InstanceMarketOptions" not in data  # spot: false -> on-demand
     assert "CapacityReservationSpecification" not in data
@@ -186,6 +194,7 @@ def test_inventory_lists_running_nodes_with_slurm_specs_from_the_instance_type(m
     assert inv["slurm_compute"]["hosts"] == ["gpu-1", "gpu-2"]
     assert inv["nodegroup_gpu"]["hosts"] == ["gpu-1", "gpu-2"]
     assert inv["efa"]["hosts"] == ["gpu-1", "gpu-2"] and inv["gpu"]["hosts"] == ["gpu-1", "gpu-2"]
+    assert inv["nvswitch"]["hosts"] == ["gpu-1", "gpu-2"]  # p5.48xlarge: its join runs the fabric manager
     assert inv["train"]["hosts"] == ["gpu-1", "gpu-2"]
     instances = {tag_map(i)["clusterbake:name"]: i for i in live_instances(moto.ec2(), CLUSTER)}
     for name, host in hostvars.items():
@@ -244,7 +253,8 @@ def test_down_removes_everything_and_a_second_down_finds_nothing(moto, network, 
     market = spot["LaunchTemplateVersions"][0]["LaunchTemplateData"]["InstanceMarketOptions"]
     assert market["MarketType"] == "spot"
     p4d = ec2.describe_launch_template_versions(LaunchTemplateName="clusterbake-downtest-gpu", Versions=["$Latest"])
-    assert len(p4d["LaunchTemplateVersions"][0]["LaunchTemplateData"]["NetworkInterfaces"]) == 4  # p4d: 4 cards
+    p4d_interfaces = p4d["LaunchTemplateVersions"][0]["LaunchTemplateData"]["NetworkInterfaces"]
+    assert [i.get("InterfaceType") for i in p4d_interfaces] == [None] + ["efa-only"] * 4  # p4d: ENA + 4 EFA cards
 
     down = run_cb(moto, tmp_path, config, "cluster", "down")
     assert "removed instance head" in down.stderr

@@ -85,3 +85,40 @@ def test_template_comparison_ignores_what_ec2_adds():
     assert not resources.template_differs(stored, desired)
     stored["Placement"] = {"GroupName": "other"}
     assert resources.template_differs(stored, desired)
+
+
+def _type(name: str, cards: list[list[str]] | None, max_cards: int, max_efa: int) -> dict:
+    """A DescribeInstanceTypes entry with the fields network_interfaces reads."""
+    network = {"EfaSupported": True, "EfaInfo": {"MaximumEfaInterfaces": max_efa}, "MaximumNetworkCards": max_cards}
+    if cards is not None:
+        network["NetworkCards"] = [{"NetworkCardIndex": i, "InterfaceTypes": kinds} for i, kinds in enumerate(cards)]
+    return {
+        "InstanceType": name,
+        "VCpuInfo": {"DefaultVCpus": 192},
+        "MemoryInfo": {"SizeInMiB": 2_097_152},
+        "NetworkInfo": network,
+    }
+
+
+def _layout(info, efa=True) -> list[tuple]:
+    interfaces = resources.network_interfaces(info, efa, "subnet-0123456789abcdef0", "sg-0123456789abcdef0")
+    assert all(i["SubnetId"] == "subnet-0123456789abcdef0" and i["DeleteOnTermination"] for i in interfaces)
+    return [(i.get("NetworkCardIndex"), i["DeviceIndex"], i.get("InterfaceType")) for i in interfaces]
+
+
+def test_efa_layout_follows_the_ec2_guide():
+    """AWS EC2 user guide, "Maximize network bandwidth ... multiple network cards": ENA primary
+    (card 0, device 0), EFA-only on card 0 device 1 and on every other EFA card at device 0."""
+    assert _layout(P5) == [(0, 0, None), (0, 1, "efa-only")] + [(c, 0, "efa-only") for c in range(1, 32)]
+    assert _layout(P5, efa=False) == [(None, 0, None)]
+    efa = ["interface", "efa", "efa-only"]
+    # P6-B300: the primary card takes no EFA; cards 1-16 each get an EFA-only interface.
+    b300 = Catalogue.from_response({"InstanceTypes": [_type("p6-b300.48xlarge", [["interface"]] + [efa] * 16, 17, 16)]})
+    b300 = b300["p6-b300.48xlarge"]
+    assert _layout(b300) == [(0, 0, None)] + [(c, 0, "efa-only") for c in range(1, 17)]
+    # No more EFA interfaces than the type allows; no InterfaceTypes in the answer: every card takes EFA.
+    capped = Catalogue.from_response(
+        {"InstanceTypes": [_type("x.large", [efa] * 4, 4, 2), _type("y.large", None, 2, 2)]}
+    )
+    assert _layout(capped["x.large"]) == [(0, 0, None), (0, 1, "efa-only"), (1, 0, "efa-only")]
+    assert _layout(capped["y.large"]) == [(0, 0, None), (0, 1, "efa-only"), (1, 0, "efa-only")]

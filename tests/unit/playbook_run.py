@@ -26,3 +26,18 @@ def playbook_env(tmp: Path, fake_bin: Path, record: Path, **extra: str) -> dict[
         "CLUSTERBAKE_RECORD_FILE": str(record),
         **extra,
     }
+
+
+def run_playbook(playbook: str, inventory: Path, env: dict[str, str], *options: str):
+    """ansible-playbook on a test playbook (tests/playbooks/<playbook>); fails the test on failure."""
+    import subprocess
+
+    proc = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), *options, "-i", str(inventory), str(PLAYBOOKS / playbook)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return proc

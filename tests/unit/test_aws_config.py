@@ -10,6 +10,7 @@ import pytest
 
 from clusterbake.config import ClusterConfig, load_config
 from clusterbake.errors import ConfigError, MissingImageError
+from clusterbake.inventory import cluster_vars
 from clusterbake.providers.aws.ami import find_ami, record_path, write_record
 from clusterbake.providers.aws.provider import AwsProvider
 from clusterbake.remote import command_line
@@ -49,7 +50,71 @@ def test_example_is_valid_and_efa_gets_a_placement_group(repo):
     [gpu] = config.node_groups
     assert (gpu.instance_type, gpu.count, gpu.efa, gpu.spot) == ("p5.48xlarge", 2, True, False)
     assert gpu.placement_group is None and gpu.wants_placement_group
+    assert config.image.base == "ubuntu-24.04"
     assert config.slurm_plugins()["proctrack_type"] == "proctrack/cgroup"
+
+
+def test_aws_image_base_defaults_to_ubuntu_24_04(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(AWS.replace("image:\n  base: ubuntu-22.04\n", ""))
+    assert load_config(path).image.base == "ubuntu-24.04"
+    path.write_text(AWS.replace("  base: ubuntu-22.04\n", "  package_pins: {slurmd: '23.11*'}\n"))
+    config = load_config(path)
+    assert (config.image.base, config.image.package_pins) == ("ubuntu-24.04", {"slurmd": "23.11*"})
+
+
+CGROUP = {
+    "proctrack_type": "proctrack/cgroup",
+    "task_plugin": "task/cgroup,task/affinity",
+    "jobacct_gather_type": "jobacct_gather/cgroup",
+}
+WITHOUT_CGROUP = {
+    "proctrack_type": "proctrack/linuxproc",
+    "task_plugin": "task/affinity",
+    "jobacct_gather_type": "jobacct_gather/linux",
+}
+
+
+@pytest.mark.parametrize(
+    ("base", "plugins", "cgroup_conf"),
+    [
+        # Slurm 23.11 has cgroup/v2, which Ubuntu 24.04's cgroup-v2-only boot needs.
+        ("ubuntu-24.04", CGROUP, True),
+        # Slurm 21.08 has cgroup/v1 only and Ubuntu 22.04 boots cgroup v2 only: no cgroup plugins.
+        ("ubuntu-22.04", WITHOUT_CGROUP, False),
+    ],
+)
+def test_plugin_choice_per_image_base(tmp_path, base, plugins, cgroup_conf):
+    path = tmp_path / "c.yaml"
+    path.write_text(AWS.replace("base: ubuntu-22.04", f"base: {base}"))
+    config = load_config(path)
+    assert config.slurm_plugins() == plugins
+    variables = cluster_vars(config)
+    assert {key: variables[f"slurm_{key}"] for key in plugins} == plugins
+    assert variables["slurm_cgroup_enabled"] is cgroup_conf
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("proctrack_type", "proctrack/cgroup"),
+        ("task_plugin", "task/affinity,task/cgroup"),
+        ("jobacct_gather_type", "jobacct_gather/cgroup"),
+    ],
+)
+def test_cgroup_plugins_on_ubuntu_22_04_are_refused_naming_the_field(tmp_path, key, value):
+    message = error_for(tmp_path, AWS + f"slurm:\n  {key}: {value}\n")
+    assert f"slurm.{key}: {value} needs Slurm's cgroup plugins" in message
+    assert "image.base ubuntu-22.04" in message and "set image.base: ubuntu-24.04" in message
+    assert f"default there: {WITHOUT_CGROUP[key]}" in message
+
+
+def test_explicit_plugins_where_they_can_run(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(AWS + "slurm:\n  proctrack_type: proctrack/pgid\n")
+    assert load_config(path).slurm_plugins()["proctrack_type"] == "proctrack/pgid"
+    path.write_text(AWS.replace("ubuntu-22.04", "ubuntu-24.04") + "slurm:\n  task_plugin: task/cgroup\n")
+    assert load_config(path).slurm_plugins()["task_plugin"] == "task/cgroup"
 
 
 def test_defaults(tmp_path):
@@ -150,6 +215,7 @@ def test_ssh_runs_the_command_as_root_through_the_bastion(tmp_path):
 
 
 def test_image_base_must_match_the_provider(tmp_path):
-    assert "AWS images are Ubuntu" in error_for(tmp_path, AWS.replace("base: ubuntu-22.04", "base: debian-12"))
+    debian = error_for(tmp_path, AWS.replace("base: ubuntu-22.04", "base: debian-12"))
+    assert "image.base: AWS images are Ubuntu; remove image.base (default ubuntu-24.04)" in debian
     local = "cluster_name: x\nimage: {base: ubuntu-24.04}\nnode_groups: [{name: cpu, count: 1}]\n"
     assert "image.base: the local provider builds debian-12 images only" in error_for(tmp_path, local)

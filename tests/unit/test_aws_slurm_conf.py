@@ -82,3 +82,14 @@ def test_catalogue_spec_of_p5():
     spec = info.slurm_spec(features=["gpu", "efa", "gpu"])
     assert spec.real_memory == int(2_097_152 * 0.95) and spec.features == ["gpu", "efa"]
     assert CATALOGUE["m7i.2xlarge"].efa_interfaces == 0 and CATALOGUE["m7i.2xlarge"].gres == []
+
+
+def test_p5_gres_conf_matches_golden_file():
+    """gres.conf(5): `NodeName=... Name=gpu Type=<type> File=<device files>`; NVIDIA's devices are
+    /dev/nvidia0..7 on an 8-GPU node (their minor numbers); no AutoDetect (distro Slurm has no NVML)."""
+    rendered = render("gres.conf.j2", as_template_input(p5_inventory()))
+    golden = GOLDEN / "aws-p5.gres.conf"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(rendered)
+    assert rendered == golden.read_text(), f"{golden.name} differs; UPDATE_GOLDEN=1 regenerates it"
+    assert "NodeName=gpu-[1-2] Name=gpu Type=h100 File=/dev/nvidia[0-7]" in rendered.splitlines()

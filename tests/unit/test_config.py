@@ -54,8 +54,8 @@ def test_unknown_key_is_named(tmp_path):
 
 
 def test_nested_unknown_key_has_its_path(tmp_path):
-    message = error_for(tmp_path, MINIMAL.replace("count: 2", "count: 2\n    gpus: 8"))
-    assert "node_groups.0.gpus: unknown key" in message
+    message = error_for(tmp_path, MINIMAL.replace("count: 2", "count: 2\n    gpu_count: 8"))
+    assert "node_groups.0.gpu_count: unknown key" in message
 
 
 def test_wrong_type(tmp_path):
@@ -134,3 +134,18 @@ def test_config_reference_is_up_to_date(repo):
     assert (repo / "docs" / "config.md").read_text() == render(), (
         "docs/config.md is stale: run .venv/bin/python -m clusterbake.config_reference > docs/config.md"
     )
+
+
+def test_image_base_and_slurm_plugin_defaults_in_one_place(tmp_path):
+    from clusterbake.config import DEFAULT_IMAGE_BASE, SLURM_PLUGIN_DEFAULTS, SLURM_WITHOUT_CGROUP_V2, SlurmConfig
+
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.image.base == DEFAULT_IMAGE_BASE["local"] == "debian-12"
+    # A base whose Slurm cannot run cgroup plugins has defaults without them, and is not the AWS default.
+    for base in SLURM_WITHOUT_CGROUP_V2:
+        assert not any(value.endswith("/cgroup") for value in SLURM_PLUGIN_DEFAULTS[base].values())
+    assert DEFAULT_IMAGE_BASE["aws"] not in SLURM_WITHOUT_CGROUP_V2
+    # docs/config.md's descriptions come from the same table.
+    for key, value in SLURM_PLUGIN_DEFAULTS["cloud"].items():
+        description = SlurmConfig.model_fields[key].description
+        assert value in description and SLURM_PLUGIN_DEFAULTS["ubuntu-22.04"][key] in description

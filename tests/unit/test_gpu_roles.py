@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import platform
 import shutil
 import subprocess
 import sys
@@ -24,10 +25,12 @@ import yaml
 from playbook_run import ANSIBLE_PLAYBOOK, PLAYBOOKS, REPO, playbook_env
 
 MANIFEST = REPO / "ansible" / "group_vars" / "all" / "versions.yml"
+FIXTURES = PLAYBOOKS / "fixtures"
 # Files the roles would write on a real builder; check mode must leave them alone.
 HOST_FILES = [
     Path("/etc/fuse.conf"),
     Path("/etc/sysctl.d/99-clusterbake-efa.conf"),
+    Path("/etc/clusterbake/efa.env"),
     Path("/etc/profile.d/clusterbake-cuda.sh"),
     Path("/etc/apt/preferences.d/clusterbake-nvidia-driver"),
     Path("/etc/apt/preferences.d/clusterbake-nccl"),
@@ -124,10 +127,11 @@ def test_check_mode_changes_nothing_on_the_host(check_run):
     assert check_run["before"] == check_run["after"]
     changed = {r["task"].split(" : ", 1)[-1] for r in first_play(check_run) if r["result"].get("changed")}
     # Only file tasks report a change (what they would write); no package, download or service task ran.
-    assert changed == {
+    assert changed - {"Create the directory of the EFA environment file"} == {
         "Pin the driver packages to the manifest's version",
         "Put the CUDA toolkit on login shells' PATH",
         "Allow ptrace between a user's processes (EFA shared-memory transport)",
+        "Record the plugin's path for the node's fabric profile",
         "Pin NCCL to the manifest's version",
         "Pin DCGM to the manifest's version",
         "Let FUSE mounts allow other users (user_allow_other)",
@@ -148,6 +152,7 @@ def test_validation_passes_with_the_pinned_versions(check_run):
         "Check that the pinned driver supports this CUDA release",
         "Check that the efa kernel module is installed for this kernel",
         "Check that libfabric sees the EFA device",
+        "Check that the aws-ofi-nccl plugin is installed",
         "Check that all_reduce_perf was built against NCCL",
         "Check that all_reduce_perf passed with the pinned NCCL",
         "Check that DCGM sees the GPUs",
@@ -197,6 +202,30 @@ def test_efa_turns_off_ptrace_protection_after_ubuntus_default(check_run):
     assert "99-clusterbake-efa.conf" > "10-ptrace.conf"
 
 
+def test_efa_records_where_the_installer_put_aws_ofi_nccl(check_run):
+    """Newer installers: lib/<multiarch>/libnccl-net-ofi.so (libnccl-net.so beside it), preferred;
+    the node's fabric profile sources the file (tests/aws/test_gpu_join.py runs that part)."""
+    plugin = f"{FIXTURES}/efa/ofi-nccl/lib/{platform.machine()}-linux-gnu/libnccl-net-ofi.so"
+    assert fact(check_run, "Keep the plugin's path", "efa_ofi_nccl_plugin") == plugin
+    record = next(
+        r for r in first_play(check_run) if r["task"].endswith("Record the plugin's path for the node's fabric profile")
+    )
+    assert record["result"]["invocation"]["module_args"]["dest"] == "/etc/clusterbake/efa.env"
+    lines = [
+        line for line in rendered(check_run, "for the node's fabric profile").splitlines() if not line.startswith("#")
+    ]
+    assert lines == [f"CLUSTERBAKE_OFI_NCCL_PLUGIN={plugin}"]
+
+
+def test_efa_finds_the_plugin_of_older_and_newer_installers(check_run):
+    layouts = fact(check_run, "Keep both layouts' plugins", "efa_ofi_nccl_layouts")
+    assert layouts == {
+        # The first prefix is missing: the second one's lib/libnccl-net.so.
+        "older": f"{FIXTURES}/efa/ofi-nccl-flat/lib/libnccl-net.so",
+        "newer": f"{FIXTURES}/efa/ofi-nccl/lib/{platform.machine()}-linux-gnu/libnccl-net-ofi.so",
+    }
+
+
 def test_efa_removes_the_distributions_open_mpi_first(check_run):
     (record,) = [r for r in first_play(check_run) if r["task"].endswith("Remove the distribution's Open MPI")]
     assert record["status"] == "ok"
@@ -232,6 +261,9 @@ def test_versions_json_gets_a_gpu_section_from_every_role(check_run, manifest):
     assert gpu["nccl"]["nccl"] == f"{manifest['nccl']['version']}+cuda{manifest['cuda']['version']}"
     assert gpu["nccl"]["mpi_home"] == "/opt/amazon/openmpi"  # EFA image: the installer's Open MPI
     assert gpu["efa"]["installer"] == manifest["efa_installer"]["version"]
+    assert gpu["efa"]["ofi_nccl_plugin"].endswith(
+        "/ofi-nccl/lib/" + platform.machine() + "-linux-gnu/libnccl-net-ofi.so"
+    )
     assert gpu["lustre_client"]["candidate"] == "2.15.6-1fsx1"
     assert gpu["mountpoint_s3"]["version"] == manifest["mountpoint_s3"]["version"]
 
@@ -308,6 +340,15 @@ FAILURES = {
     "no-efa-device": (
         "Check that libfabric sees the EFA device",
         ["fi_info -p efa found no EFA device (exit 61", "set efa_validate=false"],
+    ),
+    "efa-no-plugin": (
+        "Check that the aws-ofi-nccl plugin is installed",
+        [
+            "No aws-ofi-nccl plugin: none of ",
+            "/fixtures/efa/no-ofi-nccl/lib/" + platform.machine() + "-linux-gnu/libnccl-net-ofi.so, ",
+            "/nonexistent/aws-ofi-nccl/lib/libnccl-net.so exists",
+            "NCCL would silently use TCP sockets instead of EFA",
+        ],
     ),
     "efa-unverified": (
         "Check that the installer can be verified before it runs",

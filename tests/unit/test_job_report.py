@@ -1,41 +1,163 @@
-"""Transport detection on saved logs of each kind, and the training summary."""
+"""Transport detection on saved logs of each kind, and the training summary.
+
+The fixtures in tests/unit/data imitate named NCCL / aws-ofi-nccl releases (their first
+line says which, README.md says from which source files); the inline snippets below are
+lines of those releases, each commented with where its format comes from.
+"""
 
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 from clusterbake.job_report import detect_transport, format_report, training_summary
 
 DATA = Path(__file__).parent / "data"
+FIXTURES = sorted(DATA.glob("nccl-*.log"))
+HEADER = re.compile(r"^# fixture: imitates NCCL (?P<nccl>\d+\.\d+\.\d+) ")
 
 
 def transport(name: str):
     return detect_transport((DATA / name).read_text())
 
 
+def lines_of(name: str, *needles: str) -> list[str]:
+    """The fixture's lines that contain any of the needles, in order."""
+    return [line for line in (DATA / name).read_text().splitlines() if any(n in line for n in needles)]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+def test_each_fixture_names_the_release_it_imitates_and_the_detector_ignores_that(path):
+    text = path.read_text()
+    header = HEADER.match(text)
+    assert header, f"{path.name}: first line must be '# fixture: imitates NCCL <version> ...'"
+    assert path.name in (DATA / "README.md").read_text()
+    found = detect_transport(text)
+    without_header = detect_transport("\n".join(line for line in text.splitlines() if not line.startswith("# ")))
+    assert found == without_header
+    # The version the log itself prints is the one the header names.
+    assert f"(NCCL {header['nccl']})" in found.description
+
+
 def test_efa_through_aws_ofi_nccl_with_gpudirect():
     found = transport("nccl-efa.log")
     assert (found.library, found.transport, found.fabric) == ("nccl", "efa", "efa")
-    assert found.gpudirect_rdma and not found.mismatch
-    assert "via NET/Libfabric/0/GDRDMA" in found.evidence
-    assert "NCCL 2.23.4" in found.description
+    assert found.gpudirect_rdma and not found.mismatch and not found.advice
+    assert "via NET/AWS Libfabric/0/GDRDMA" in found.evidence
+    assert found.description == "NCCL over EFA (libfabric, aws-ofi-nccl) with GPUDirect RDMA (NCCL 2.21.5)"
+    assert found.net_plugin == ""  # the plugin loaded: NCCL prints no NET/Plugin line for a v8 plugin
 
 
 def test_infiniband():
     found = transport("nccl-ib.log")
     assert (found.transport, found.fabric, found.gpudirect_rdma, found.mismatch) == ("ib", "ib", True, False)
+    assert "via NET/IB/0/GDRDMA" in found.evidence
+    # NCCL's own IB transport is what an IB cluster runs: no net plugin is not a problem there.
+    assert "libnccl-net.so not found" in found.net_plugin and not found.advice
 
 
 def test_sockets_on_a_tcp_cluster_are_fine():
     found = transport("nccl-socket.log")
     assert (found.transport, found.fabric, found.mismatch) == ("socket", "tcp", False)
-    assert found.description.startswith("NCCL over TCP sockets")
+    assert found.description == "NCCL over TCP sockets (NCCL 2.21.5)"
+    assert not found.advice
 
 
-def test_efa_cluster_training_over_sockets_is_caught():
+def test_efa_cluster_training_over_sockets_is_caught_and_the_missing_plugin_named():
     found = transport("nccl-efa-fell-back-to-socket.log")
-    assert (found.transport, found.fabric, found.mismatch) == ("socket", "efa", True)
+    assert (found.transport, found.fabric, found.mismatch, found.gpudirect_rdma) == ("socket", "efa", True, False)
+    assert "via NET/Socket/0" in found.evidence
     assert "aws-ofi-nccl" in found.advice
+    assert "libnccl-net.so not found" in found.advice
     assert "WARNING" in format_report(training_summary(""), found)
+
+
+def test_plugin_noise_alone_is_no_transport_at_all():
+    # NET/Plugin and TUNER/Plugin lines mention libnccl-net.so; the EFA log's collnet lines
+    # come from a loaded aws-ofi-nccl. None of them says which network carried anything.
+    noise = lines_of("nccl-efa-fell-back-to-socket.log", "clusterbake: job", "/Plugin:", "NCCL version")
+    noise += lines_of("nccl-efa.log", "/Plugin:", "NET/OFI Initializing", "Bootstrap : Using")
+    found = detect_transport("\n".join(noise))
+    assert found.transport == "unknown" and found.transport != "efa" and not found.mismatch
+
+
+def test_using_network_socket_after_a_failed_plugin_load_is_tcp_and_a_mismatch_on_efa():
+    log = lines_of("nccl-efa-fell-back-to-socket.log", "clusterbake: job", "NET/Plugin:", "NET/IB :", "Using network")
+    found = detect_transport("\n".join(log))
+    assert (found.transport, found.fabric, found.mismatch) == ("socket", "efa", True)
+    assert found.evidence.endswith("NCCL INFO Using network Socket")
+    assert "libnccl-net.so not found" in found.advice
+
+
+def test_nccl_2_23_plugin_not_found_format():
+    # NCCL 2.23.4 output as captured (host names and addresses changed): the version line has
+    # the INFO prefix from 2.23 on, and the plugin loader prints one "Could not find" line.
+    log = """\
+clusterbake: job 5 (restart 0) on gpu-[1-2], rendezvous gpu-1:29405, checkpoints in /c, fabric efa
+gpu-1:58239:58239 [0] NCCL INFO Bootstrap : Using ens5:10.0.0.5<0>
+gpu-1:58239:58239 [0] NCCL INFO cudaDriverVersion 12050
+gpu-1:58239:58239 [0] NCCL INFO NCCL version 2.23.4+cuda12.1
+gpu-1:58239:58245 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.
+gpu-1:58239:58245 [0] NCCL INFO Failed to open libibverbs.so[.1]
+gpu-1:58239:58245 [0] NCCL INFO NET/Socket : Using [0]ens5:10.0.0.5<0>
+gpu-1:58239:58245 [0] NCCL INFO PROFILER/Plugin: Could not find: libnccl-profiler.so.
+gpu-1:58239:58245 [0] NCCL INFO Using network Socket
+"""
+    found = detect_transport(log)
+    assert (found.transport, found.mismatch) == ("socket", True)
+    assert found.description == "NCCL over TCP sockets (NCCL 2.23.4)"
+    assert "libnccl-net.so not found" in found.net_plugin and "libnccl-net.so not found" in found.advice
+
+
+@pytest.mark.parametrize(
+    ("using", "via"),
+    [
+        # aws-ofi-nccl <= 1.11 calls itself "AWS Libfabric", 1.12 and later "Libfabric", or "OFI"
+        # when NCCL_NET=OFI asks for it (nccl_ofi_interface_nvidia.c, nvidia_plugin_name_fixup).
+        ("AWS Libfabric", "AWS Libfabric/0/GDRDMA"),
+        ("Libfabric", "Libfabric/2/GDRDMA"),
+        ("OFI", "OFI/0/GDRDMA"),
+        # A PXN send goes out through another local rank's NIC (net.cc: "NET/%s/%d(%d)%s%s").
+        ("Libfabric", "Libfabric/0(1)/GDRDMA"),
+    ],
+)
+def test_every_name_aws_ofi_nccl_goes_by_is_efa(using, via):
+    log = (
+        "clusterbake: job 1 (restart 0) on a-[1-2], rendezvous a-1:1, checkpoints in /c, fabric efa\n"
+        "a-1:1:2 [0] NCCL INFO NET/OFI Selected Provider is efa (found 32 nics)\n"
+        f"a-1:1:2 [0] NCCL INFO Using network {using}\n"
+        f"a-1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/{via}\n"
+    )
+    found = detect_transport(log)
+    assert (found.transport, found.gpudirect_rdma, found.mismatch) == ("efa", True, False)
+    assert f"via NET/{via}" in found.evidence
+
+
+def test_hpcx_ib_plugin_is_infiniband_with_its_gpudirect_flag():
+    # HPC-X's nccl-rdma-sharp-plugins call their verbs transport "IBext_v8" (ib_plugin.c);
+    # "NET/IBext_v8/0" must not be read as NCCL's "NET/IB" with no flags.
+    log = (
+        "clusterbake: job 2 (restart 0) on nd-[1-2], rendezvous nd-1:1, checkpoints in /c, fabric ib\n"
+        "nd-1:1:2 [0] NCCL INFO Using network IBext_v8\n"
+        "nd-1:1:2 [0] NCCL INFO Channel 00/0 : 15[7] -> 0[0] [receive] via NET/IBext_v8/0/GDRDMA\n"
+    )
+    found = detect_transport(log)
+    assert (found.transport, found.gpudirect_rdma, found.mismatch) == ("ib", True, False)
+
+
+def test_nccl_net_naming_a_missing_plugin_is_not_efa():
+    # NCCL_NET="AWS Libfabric" without the plugin: NCCL 2.21's net.cc stops with this WARN.
+    log = "\n".join(
+        [
+            *lines_of("nccl-efa-fell-back-to-socket.log", "clusterbake: job", "NET/Plugin:", "NCCL version"),
+            "gpu-1:3100:3180 [0] net.cc:790 NCCL WARN Error: network AWS Libfabric not found.",
+        ]
+    )
+    found = detect_transport(log)
+    assert (found.library, found.transport, found.mismatch) == ("nccl", "unknown", False)
+    assert found.description == "NCCL stopped: no network named 'AWS Libfabric' (NCCL_NET)"
+    assert "libnccl-net.so not found" in found.advice and "NCCL_DEBUG" not in found.advice
 
 
 def test_older_plugin_name_and_libfabric_without_efa():

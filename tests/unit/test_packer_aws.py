@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from clusterbake import packer_aws
+from clusterbake.config import DEFAULT_IMAGE_BASE
 from clusterbake.errors import ClusterbakeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,6 +169,20 @@ def test_packer_variables(tmp_path):
     for name in ("aws.pkr.hcl", "ansible.pkr.hcl"):
         declared |= set(re.findall(r'^variable "(\w+)"', (REPO / "packer" / name).read_text(), flags=re.MULTILINE))
     assert set(variables) <= declared
+
+
+def test_default_base_is_the_configs_aws_default(tmp_path):
+    # ubuntu-24.04: its Slurm 23.11 has the cgroup/v2 plugin the AWS defaults need (roles/slurm/README.md).
+    variables = packer_aws.aws_packer_variables(
+        {"region": "eu-west-1"},
+        name="n",
+        revision="r",
+        digest="d",
+        artifacts_dir=tmp_path / "a",
+        image_vars_file=tmp_path / "v.yml",
+        root=REPO,
+    )
+    assert variables["aws_base"] == DEFAULT_IMAGE_BASE["aws"] == "ubuntu-24.04"
 
 
 @pytest.mark.parametrize(("settings", "error"), [({}, "need a region"), ({"region": "x", "base": "debian-12"}, "base")])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from playbook_run import ANSIBLE_PLAYBOOK, PLAYBOOKS, REPO, playbook_env
+from playbook_run import ANSIBLE_PLAYBOOK, REPO, playbook_env, run_playbook
 
 sys.path.insert(0, str(REPO / "roles" / "shared_storage" / "filter_plugins"))
 sys.path.insert(0, str(REPO / "ansible" / "filter_plugins"))
@@ -113,14 +113,7 @@ def run(tmp_path_factory):
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory(tmp)))
     record = tmp / "record.json"
     env = playbook_env(tmp, tmp / "bin", record)
-    proc = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.yml"), str(PLAYBOOKS / "shared_storage.yml")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    run_playbook("shared_storage.yml", tmp / "inventory.yml", env)
     bundles = {p.stem: json.loads(p.read_text()) for p in (tmp / "bundles").glob("*.json")}
     log = tmp / "exportfs.log"
     return {

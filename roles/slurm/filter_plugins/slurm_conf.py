@@ -140,6 +140,48 @@ def slurm_gres_types(hostvars, hosts):
     return sorted(names)
 
 
+def _gres_parts(gres):
+    """`gpu:h100:8` -> ("gpu", "h100", 8); `gpu:8` -> ("gpu", "", 8); `gpu` -> ("gpu", "", 1)."""
+    fields = str(gres).split(":")
+    if len(fields) > 1 and fields[-1].isdigit():
+        count = int(fields[-1])
+        fields = fields[:-1]
+    else:
+        count = 1
+    return fields[0], ":".join(fields[1:]), count
+
+
+def _device_range(first, count):
+    return f"/dev/nvidia{first}" if count == 1 else f"/dev/nvidia[{first}-{first + count - 1}]"
+
+
+def slurm_gres_conf_lines(hostvars, hosts):
+    """gres.conf lines: the device files of each node's GPUs, nodes of one spec on one line.
+
+    Debian's and Ubuntu's Slurm packages are built without NVML, so AutoDetect=nvml
+    cannot fill them in: each `gpu[:type]:N` GRES of a node becomes
+    `NodeName=<hostlist> Name=gpu Type=<type> File=/dev/nvidia[i-j]`, the devices
+    numbered in the order of the node's GRES entries (the NVIDIA driver's minor
+    numbers). Other GRES need no gres.conf line (their count is in slurm.conf).
+    """
+    hosts_by_lines = {}
+    for host in hosts:
+        lines = []
+        first = 0
+        for gres in hostvars[host]["clusterbake_slurm_node"].get("gres") or ():
+            name, kind, count = _gres_parts(gres)
+            if name != "gpu":
+                continue
+            lines.append(
+                " ".join(["Name=gpu", *([f"Type={kind}"] if kind else []), f"File={_device_range(first, count)}"])
+            )
+            first += count
+        if lines:
+            hosts_by_lines.setdefault(tuple(lines), []).append(host)
+    ordered = sorted(hosts_by_lines.items(), key=lambda item: min(hostlist.numeric_sort_key(host) for host in item[1]))
+    return [f"NodeName={slurm_hostlist(group)} {line}" for lines, group in ordered for line in lines]
+
+
 def slurm_partition_hosts(groups, nodegroups):
     """Hosts of the `nodegroup_<name>` groups of a partition, without repeats.
 
@@ -195,6 +237,7 @@ class FilterModule:
                 slurm_hostlist,
                 slurm_node_lines,
                 slurm_gres_types,
+                slurm_gres_conf_lines,
                 slurm_partition_hosts,
                 slurm_conf_restart_required,
             )

@@ -14,6 +14,11 @@ Slurm spec of a type:
   hypervisor keep some, and slurmd drains a node that has less than RealMemory.
 - Gres = gpu:<model>:<count> per GpuInfo entry, the model lower-case with runs of
   other characters than a-z0-9 as `_` (H100 -> h100, "Radeon Pro V520" -> radeon_pro_v520).
+
+Network cards: NetworkInfo.NetworkCards[].InterfaceTypes says which interface types
+each card takes (`interface`, `efa`, `efa-only`); resources.network_interfaces lays
+the EFA interfaces out from it. NVSwitch (fabric manager) is not in the API: see
+clusterbake.gpu_systems.
 """
 
 from __future__ import annotations
@@ -22,11 +27,15 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from clusterbake.gpu_systems import has_nvswitch
 from clusterbake.providers.aws.api import paginate
 from clusterbake.topology import SlurmNodeSpec
 
 MEMORY_FRACTION = 0.95
 BATCH = 100  # DescribeInstanceTypes takes at most 100 names per call
+# A card of an EFA type whose entry lacks InterfaceTypes (older API answers): every
+# EFA type of today takes all three on its EFA cards.
+EFA_CARD_TYPES = ("interface", "efa", "efa-only")
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class InstanceTypeInfo:
     usage_classes: tuple[str, ...]
     architectures: tuple[str, ...]
     placement_strategies: tuple[str, ...]
+    # Per network card, by NetworkCardIndex: the interface types it takes.
+    card_interface_types: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
     def from_api(cls, data: dict) -> InstanceTypeInfo:
@@ -53,6 +64,12 @@ class InstanceTypeInfo:
             model = re.sub(r"[^a-z0-9]+", "_", gpu["Name"].lower()).strip("_")
             gpus[model] = gpus.get(model, 0) + gpu["Count"]
         threads = vcpu.get("DefaultThreadsPerCore", 1)
+        efa = bool(network.get("EfaSupported"))
+        cards = {c["NetworkCardIndex"]: c for c in network.get("NetworkCards", [])}
+        card_types = tuple(
+            tuple(cards.get(index, {}).get("InterfaceTypes") or (EFA_CARD_TYPES if efa else ("interface",)))
+            for index in range(network.get("MaximumNetworkCards", 1))
+        )
         return cls(
             name=data["InstanceType"],
             vcpus=vcpu["DefaultVCpus"],
@@ -60,20 +77,34 @@ class InstanceTypeInfo:
             threads_per_core=threads,
             memory_mib=data["MemoryInfo"]["SizeInMiB"],
             gpus=tuple(gpus.items()),
-            efa_supported=bool(network.get("EfaSupported")),
+            efa_supported=efa,
             max_efa_interfaces=network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0),
             network_cards=network.get("MaximumNetworkCards", 1),
             usage_classes=tuple(data.get("SupportedUsageClasses", [])),
             architectures=tuple(data.get("ProcessorInfo", {}).get("SupportedArchitectures", [])),
             placement_strategies=tuple(data.get("PlacementGroupInfo", {}).get("SupportedStrategies", [])),
+            card_interface_types=card_types,
         )
 
     @property
-    def efa_interfaces(self) -> int:
-        """One EFA interface per network card, as many as the type allows (p5.48xlarge: 32)."""
+    def efa_cards(self) -> list[int]:
+        """The network cards that get an EFA-only interface: those that take one, in index
+        order, as many as MaximumEfaInterfaces (p5.48xlarge: cards 0-31, p4d.24xlarge: 0-3)."""
         if not self.efa_supported:
-            return 0
-        return max(1, min(self.network_cards, self.max_efa_interfaces or self.network_cards))
+            return []
+        types = self.card_interface_types or ((EFA_CARD_TYPES,) * self.network_cards)
+        cards = [index for index, kinds in enumerate(types) if "efa-only" in kinds]
+        return cards[: self.max_efa_interfaces or len(cards)]
+
+    @property
+    def efa_interfaces(self) -> int:
+        """How many EFA interfaces the launch template gives an EFA node (p5.48xlarge: 32)."""
+        return len(self.efa_cards)
+
+    @property
+    def nvswitch(self) -> bool:
+        """An NVSwitch system: the fabric manager must run (clusterbake.gpu_systems)."""
+        return has_nvswitch("aws", self.name)
 
     @property
     def gres(self) -> list[str]:

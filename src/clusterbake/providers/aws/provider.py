@@ -519,7 +519,10 @@ def node_spec(config: ClusterConfig, planned: NodeSpec, info: InstanceTypeInfo) 
     efa = group.efa and info.efa_supported
     switches = list(dict.fromkeys([*group.features, *(["efa"] if efa else []), *(["gpu"] if info.gpus else [])]))
     slurm = info.slurm_spec(gres=list(group.gres) or None, features=[group.name, *switches, info.name])
-    return NodeSpec(planned.name, "compute", group.name, slurm, tuple(switches))
+    # NVSwitch types (gpu_systems.py) also go in group `nvswitch`: their join runs the fabric
+    # manager. An inventory group only; the instance type already names them in Slurm.
+    groups = list(dict.fromkeys([*switches, *(["nvswitch"] if info.nvswitch else [])]))
+    return NodeSpec(planned.name, "compute", group.name, slurm, tuple(groups))
 
 
 def aws_inventory(
@@ -529,7 +532,8 @@ def aws_inventory(
 
     Hosts are the config's planned nodes that have a running instance named for them
     (tag clusterbake:name); `efa` holds the hosts with EFA interfaces (efa: true on an
-    EFA type), `gpu` the hosts whose type has GPUs.
+    EFA type), `gpu` the hosts whose type has GPUs, `nvswitch` those of an NVSwitch type
+    (clusterbake.gpu_systems), which run the fabric manager.
     """
     named = discover.by_name(instances)
     nodes, addresses, hostvars = [], {}, {}

@@ -6,10 +6,12 @@ Security group `clusterbake-<cluster>` (in aws.vpc_id):
 - EC2's default egress to 0.0.0.0/0 stays (package mirrors, S3).
 
 Launch template `clusterbake-<cluster>-<nodegroup>` (and `clusterbake-<cluster>-head`):
-AMI, type, the node role's instance profile, IMDSv2 required, the network interfaces (one EFA interface per network
-card for EFA groups), the placement group, spot or on-demand, the capacity
-reservation and the node tags. A template whose latest version differs from what the
-config asks for gets a new version; instances launch from that version.
+AMI, type, the node role's instance profile, IMDSv2 required, the network interfaces (EFA
+groups: an ENA primary interface and one EFA-only interface per EFA network card, see
+network_interfaces), the placement group, spot or on-demand, the capacity reservation,
+and the tags of the instance, its volumes and its network interfaces. A template whose
+latest version differs from what the config asks for gets a new version; instances
+launch from that version.
 """
 
 from __future__ import annotations
@@ -137,13 +139,24 @@ def delete_security_group(client, group_id: str) -> None:
 
 
 def network_interfaces(info: InstanceTypeInfo, efa: bool, subnet_id: str, group_id: str) -> list[dict]:
-    """EFA: one interface per network card (DeviceIndex 0 on card 0, DeviceIndex 1 on the others)."""
+    """The primary (ENA) interface, and for EFA groups one EFA-only interface per EFA card.
+
+    AWS EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with multiple
+    network cards" (P5/P5e "use case 1: save IP addresses and avoid potential Linux IP
+    issues"): network card 0, device index 0: an ENA interface (an EFA-only interface
+    cannot be the primary); card 0, device index 1: EFA-only, when card 0 takes EFA;
+    every further EFA card: EFA-only at device index 0. One private IP per node, so no
+    multi-interface routing (hostname, source address) trouble. p5.48xlarge: ENA + 32
+    EFA-only; p4d.24xlarge: ENA + 4; p6-b300 (card 0 takes no EFA): ENA + cards 1-16.
+    The primary leaves InterfaceType out: the API's default, `interface`.
+    """
     common = {"SubnetId": subnet_id, "Groups": [group_id], "DeleteOnTermination": True}
     if not efa:
         return [{"DeviceIndex": 0, **common}]
-    return [
-        {"DeviceIndex": 0 if card == 0 else 1, "NetworkCardIndex": card, "InterfaceType": "efa", **common}
-        for card in range(info.efa_interfaces)
+    primary = {"NetworkCardIndex": 0, "DeviceIndex": 0, **common}
+    return [primary] + [
+        {"NetworkCardIndex": card, "DeviceIndex": 1 if card == 0 else 0, "InterfaceType": "efa-only", **common}
+        for card in info.efa_cards
     ]
 
 
@@ -169,6 +182,8 @@ def template_data(
         "TagSpecifications": [
             tags.spec("instance", node_tags),
             tags.spec("volume", {tags.CLUSTER: node_tags[tags.CLUSTER]}),
+            # Every interface (p5: 33), so that a leftover one is found by the cluster's tag.
+            tags.spec("network-interface", node_tags),
         ],
     }
     if key_name:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import time
 import uuid
@@ -16,6 +17,7 @@ from clusterbake.providers.local import machines, network
 from clusterbake.remote import Endpoint
 
 SSH_READY_TIMEOUT = 60.0
+NVIDIA_MAJOR = 195  # the character device major number of NVIDIA's GPU devices
 
 
 class LocalProvider(Provider):
@@ -104,8 +106,30 @@ class LocalProvider(Provider):
         machines.mount_overlay(image_root, paths)
         self._personalize(name, paths.root)
         self._hand_over_join_bundle(name, paths.root)
-        argv = machines.nspawn_argv(self.machine_name(name), name, paths.root, netns, self._binds())
+        argv = machines.nspawn_argv(
+            self.machine_name(name), name, paths.root, netns, self._binds(), readonly_binds=self._gpu_devices(name)
+        )
         machines.spawn(argv, self.machine_name(name), paths.console_log)
+
+    def _gpu_devices(self, name: str) -> dict[str, Path]:
+        """Placeholder GPUs (`gpus: N`): character devices /dev/nvidia0..N-1 with NVIDIA's major number.
+
+        Not GPUs: no driver answers them (opening one fails). They exist so that slurmd
+        finds the gres.conf `File=` devices and schedules, binds and counts them as it
+        would on a GPU node.
+        """
+        group = next((g for g in self.config.node_groups if g.name == self.node(name).nodegroup), None)
+        if group is None or not group.gpus:
+            return {}
+        directory = self._paths(name).base / "devices"
+        directory.mkdir(parents=True, exist_ok=True)
+        devices = {}
+        for index in range(group.gpus):
+            path = directory / f"nvidia{index}"
+            if not path.exists():
+                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, index))
+            devices[f"/dev/nvidia{index}"] = path
+        return devices
 
     def _personalize(self, name: str, root: Path) -> None:
         """First boot only: identity of the node (hostname, machine-id, host keys, access)."""

@@ -1,0 +1,142 @@
+"""The job templates' own shell logic, run by bash with stand-ins for srun, scontrol and the training.
+
+What Slurm does is tested on real clusters (tests/integration); here only what the
+templates decide: requeue or not after a checkpoint request, the exit status they
+pass on, and the arguments they hand to srun.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = REPO / "scripts" / "jobs"
+
+SRUN = """#!/bin/bash
+echo "srun $*" >> "$STUB_LOG"
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+exec "$@"
+"""
+SCONTROL = """#!/bin/bash
+echo "scontrol $*" >> "$STUB_LOG"
+[ "$1" = show ] && echo node-1
+exit 0
+"""
+# The training: `finish` ends normally without looking at the request; `checkpoint`
+# waits for the request, consumes it (as examples/deepspeed/train.py does) and stops.
+TRAINING = """#!/bin/bash
+request="$CLUSTERBAKE_CHECKPOINT_DIR/CHECKPOINT_REQUESTED"
+case "$STUB_MODE" in
+  finish) sleep 1.5; exit 0 ;;
+  checkpoint) for _ in $(seq 100); do [ -e "$request" ] && rm -f "$request" && exit 0; sleep 0.05; done; exit 9 ;;
+esac
+"""
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("torchrun-node", TRAINING)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    # The jobs directory: the stand-ins, and the real gpu-check (a node without GPUs here).
+    (bin_dir / "gpu-check").write_text((JOBS / "gpu-check").read_text())
+    return tmp_path
+
+
+def run_template(stubs: Path, mode: str, usr1_after: float | None) -> tuple[int, str, str]:
+    log = stubs / "stub.log"
+    env = {
+        **os.environ,
+        "PATH": f"{stubs / 'bin'}:{os.environ['PATH']}",
+        "STUB_LOG": str(log),
+        "STUB_MODE": mode,
+        "CLUSTERBAKE_JOBS_DIR": str(stubs / "bin"),
+        "CLUSTERBAKE_CHECKPOINT_DIR": str(stubs / "ckpt"),
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NAME": "t",
+        "SLURM_JOB_NODELIST": "node-1",
+        "SLURM_NNODES": "1",
+    }
+    process = subprocess.Popen(
+        ["bash", str(JOBS / "deepspeed.sbatch"), "train.py"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    if usr1_after is not None:
+        time.sleep(usr1_after)
+        process.send_signal(signal.SIGUSR1)  # what Slurm's --signal=B:USR1@120 sends the batch shell
+    out, _ = process.communicate(timeout=30)
+    return process.returncode, out, log.read_text() if log.exists() else ""
+
+
+def test_a_training_that_finished_before_the_request_is_not_requeued(stubs):
+    status, out, calls = run_template(stubs, "finish", usr1_after=0.5)
+    assert status == 0, out  # not 138, the status of the interrupted wait
+    assert "scontrol requeue" not in calls
+    assert "not requeueing" in out
+    assert not (stubs / "ckpt" / "CHECKPOINT_REQUESTED").exists()
+
+
+def test_a_training_that_checkpointed_for_the_request_is_requeued(stubs):
+    status, out, calls = run_template(stubs, "checkpoint", usr1_after=0.5)
+    assert status == 0, out
+    assert "scontrol requeue 42" in calls
+
+
+def test_no_signal_no_requeue(stubs):
+    status, _, calls = run_template(stubs, "finish", usr1_after=None)
+    assert status == 0 and "scontrol requeue" not in calls
+
+
+def test_nccl_tests_passes_its_default_arguments_as_separate_words(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        '#!/bin/bash\nfor a in "$@"; do printf "<%s>" "$a" >> "$STUB_LOG"; done\necho >> "$STUB_LOG"\n'
+    )
+    (bin_dir / "srun").chmod(0o755)
+    tests = tmp_path / "all_reduce_perf"
+    tests.write_text("#!/bin/sh\n")
+    tests.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STUB_LOG": str(tmp_path / "log"),
+        "NCCL_TESTS": str(tests),
+        "SLURM_GPUS_ON_NODE": "8",
+        "SLURM_NNODES": "2",
+    }
+    subprocess.run(["bash", str(JOBS / "nccl-tests.sbatch")], env=env, check=True, capture_output=True)
+    assert (tmp_path / "log").read_text().strip().endswith(f"<{tests}><-b><8><-e><8G><-f><2><-g><1>")
+
+
+GPU_SCONTROL = """#!/bin/bash
+case "$1 $2" in
+  "show node") echo "   Gres=gpu:h100:8(S:0-1)" ;;
+  "show job") echo "   TRES=cpu=192,mem=1900G,node=1,billing=192"; [ -n "$ASKED" ] && echo "   TresPerNode=$ASKED" ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.parametrize("asked, allowed", [("", False), ("gres:gpu:8", True)])
+def test_a_gpu_nodes_job_must_ask_for_its_gpus(tmp_path, asked, allowed):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(GPU_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    script = f". {JOBS / 'gpu-check'} || exit $?\necho allowed\n"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "ASKED": asked}
+    env["SLURM_GPUS_ON_NODE"] = "8"  # what the batch shell of an --exclusive job may see without GPUs
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    if allowed:
+        assert (result.returncode, result.stdout.strip()) == (0, "allowed")
+    else:
+        assert result.returncode == 2
+        assert "has 8 GPUs but job 7 asked for none: submit with --gpus-per-node=8" in result.stderr
