@@ -9,7 +9,7 @@ VENV := .venv
 CB := $(VENV)/bin/clusterbake --config $(CONFIG)
 HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client openssh-server python3-venv git rsync
 STAMP_VENV := $(VENV)/.installed
-PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot
+PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot roles/slurm_power/files/clusterbake-power
 
 .DEFAULT_GOAL := help
 .PHONY: help deps venv validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench

@@ -1,91 +1,241 @@
 #!/usr/bin/env python3
-"""Bring-up benchmark: image (cold/warm), cluster up, idempotent re-run, destroy.
+"""Bring-up benchmark: `cluster up` from nothing, the idempotent re-run, destroy, and the
+time from `sbatch` to job start on powered-down elastic nodes.
 
-Runs the real `clusterbake` CLI (the same code `make` runs) for 2, 4 and 8
-compute nodes and writes JSON with medians to bench/results/bringup-<time>.json.
-Run as root after `make venv deps`:  .venv/bin/python bench/bringup.py [--repeat 3]
-The cold image build (debootstrap + packer, a few minutes) is measured only with
---cold, since it deletes the cached base rootfs and image for the bench config.
+Runs the real `clusterbake` CLI (what `make cluster` runs) on the local provider and
+writes JSON with medians and ratios to bench/results/bringup-<time>.json.
+
+    .venv/bin/python bench/bringup.py --baseline 734d907 --repeat 3
+
+With --baseline REV the same measurements run alternately (A B, then B A, ...) against
+the code of REV, checked out as a git worktree and run with the same venv, because this
+machine's speed drifts by up to 40% within an hour: only ratios measured side by side
+mean anything. Each code builds (or reuses) its own image first; image builds are not
+timed here (--cold times one).
+
+The peer (the galaxyproject Slurm role on the same nspawn nodes) cannot be installed
+here (no Ansible Galaxy or GitHub). Its figures come from the side-by-side run of issue 9
+(1+8: baseline 37.7 s vs peer 76.1 s; re-run 23.0 s vs 51.2 s); the ratio to the peer is
+*derived*: today's baseline / today's current x that day's peer / baseline ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CB = str(REPO / ".venv" / "bin" / "clusterbake")
+PYTHON = str(REPO / ".venv" / "bin" / "python")
 BASE = (REPO / "tests" / "integration" / "cluster.yaml").read_text()
+SUBNET = "10.76.0.0/24"
+# Issue 9's side-by-side run (3 alternating rounds, 1 head + 8 compute, this machine):
+# the code of the commit before issue 9 against the galaxyproject Slurm role.
+PEER = {"cluster_up_s": 76.1, "rerun_s": 51.2}
+PEER_BASELINE = {"cluster_up_s": 37.7, "rerun_s": 23.0}
 
 
-def config_for(compute: int, directory: Path) -> Path:
-    path = directory / f"bench-{compute}.yaml"
-    text = BASE.replace("cluster_name: citest", "cluster_name: bench").replace("count: 2", f"count: {compute}")
-    path.write_text(text.replace("10.78.0.0/24", "10.76.0.0/24"))
+def log(message: str) -> None:
+    print(f"{datetime.now().strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+class Code:
+    """One version of clusterbake: the checkout's, or a git worktree of another revision."""
+
+    def __init__(self, label: str, src: Path):
+        self.label, self.src = label, src
+
+    def argv(self, config: Path, *args: str) -> list[str]:
+        return [
+            PYTHON,
+            "-c",
+            "import sys; from clusterbake.cli import main; sys.exit(main())",
+            "--config",
+            str(config),
+            *args,
+        ]
+
+    def run(self, config: Path, *args: str, timeout: float = 1800) -> tuple[float, str]:
+        env = {**os.environ, "PYTHONPATH": str(self.src)}
+        env.pop("CLUSTERBAKE_HOME", None)
+        started = time.perf_counter()
+        result = subprocess.run(self.argv(config, *args), capture_output=True, text=True, env=env, timeout=timeout)
+        elapsed = time.perf_counter() - started
+        if result.returncode != 0:
+            sys.exit(f"[{self.label}] clusterbake {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+        return elapsed, result.stdout
+
+
+def baseline_worktree(rev: str) -> Path:
+    path = Path(tempfile.gettempdir()) / f"clusterbake-baseline-{rev}"
+    if not (path / "src" / "clusterbake").is_dir():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--force", "--detach", str(path), rev], check=True)
     return path
 
 
-def timed(argv: list[str]) -> float:
-    started = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
-    if result.returncode != 0:
-        sys.exit(f"{' '.join(argv)} failed:\n{result.stderr[-3000:]}")
-    return elapsed
+def static_config(compute: int, directory: Path) -> Path:
+    path = directory / f"bench-{compute}.yaml"
+    text = BASE.replace("cluster_name: citest", "cluster_name: bench").replace("count: 2", f"count: {compute}")
+    path.write_text(text.replace("10.78.0.0/24", SUBNET))
+    return path
+
+
+def elastic_config(max_count: int, directory: Path) -> Path:
+    """No static compute node, up to max_count elastic ones, powered down after 10 s idle."""
+    path = directory / f"bench-elastic-{max_count}.yaml"
+    text = BASE.replace("cluster_name: citest", "cluster_name: benchelastic").replace("10.78.0.0/24", SUBNET)
+    text = text.replace("    count: 2\n", f"    min_count: 0\n    max_count: {max_count}\n    idle_time: 10\n")
+    path.write_text(text + "power:\n  suspend_timeout: 10\n  resume_timeout: 120\n")
+    return path
 
 
 def summary(samples: list[float]) -> dict:
     return {"median_s": round(statistics.median(samples), 3), "samples_s": [round(s, 3) for s in samples]}
 
 
+def bring_up(code: Code, config: Path) -> dict[str, float]:
+    """From nothing to every compute node idle, the re-run, and destroy."""
+    code.run(config, "cluster", "down")
+    up, _ = code.run(config, "cluster", "up")
+    rerun, out = code.run(config, "cluster", "up")
+    changed = re.search(r"(\d+) changed tasks", out)
+    down, _ = code.run(config, "cluster", "down")
+    return {"up": up, "rerun": rerun, "down": down, "rerun_changed": int(changed.group(1)) if changed else -1}
+
+
+def on_head(code: Code, config: Path, command: str) -> str:
+    return code.run(config, "ssh", "head", "--", command, timeout=600)[1]
+
+
+def wait(what: str, predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    sys.exit(f"{what} not reached within {timeout:.0f}s")
+
+
+def sbatch_to_start(code: Code, config: Path, nodes: int, repeat: int) -> list[float]:
+    """Seconds from `sbatch` on the head to the batch script's first line, every node powered
+    down before each sample (the nodes share the host's clock: one clock for both stamps)."""
+
+    def all_powered_down() -> bool:
+        states = on_head(code, config, "sinfo --noheader --Node --format=%t").split()
+        return bool(states) and set(states) == {"idle~"}
+
+    samples = []
+    for i in range(repeat):
+        wait("every node powered down", all_powered_down, timeout=300)
+        out = f"/shared/bench-start-{nodes}-{i}.out"
+        stamps = on_head(
+            code,
+            config,
+            f"date +%s.%N; sbatch --wait -N{nodes} -o {out} --wrap 'date +%s.%N' >/dev/null; cat {out}",
+        ).split()
+        samples.append(float(stamps[-1]) - float(stamps[0]))
+        log(f"  sbatch -N{nodes} to start on powered-down nodes: {samples[-1]:.2f}s")
+    return samples
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--sizes", default="2,4,8")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating rounds (and samples)")
+    parser.add_argument("--sizes", default="8,32", help="compute node counts, 1 head each")
+    parser.add_argument("--baseline", metavar="REV", help="git revision to measure alternately against")
+    parser.add_argument("--baseline-sizes", default="8", help="sizes the baseline runs too")
+    parser.add_argument("--elastic-nodes", default="1,4", help="sbatch -N of the powered-down samples ('' skips)")
     parser.add_argument("--cold", action="store_true", help="also time a cold image build (slow)")
     args = parser.parse_args()
+
+    current = Code("current", REPO / "src")
+    codes = [current]
+    if args.baseline:
+        rev = subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short=10", args.baseline], text=True)
+        codes.append(Code(f"baseline {rev.strip()}", baseline_worktree(rev.strip()) / "src"))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    baseline_sizes = {int(s) for s in args.baseline_sizes.split(",") if s}
     results: dict = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": {"cpus": subprocess.check_output(["nproc"], text=True).strip(), "kernel": platform.release()},
+        "host": {"cpus": os.cpu_count(), "kernel": platform.release()},
+        "git": subprocess.check_output(["git", "-C", str(REPO), "describe", "--always", "--dirty"], text=True).strip(),
+        "codes": [c.label for c in codes],
         "image": {},
         "clusters": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        first = config_for(2, Path(tmp))
-        if args.cold:
-            results["image"]["cold"] = summary([timed([CB, "--config", str(first), "image", "build", "--force"])])
-        results["image"]["warm"] = summary(
-            [timed([CB, "--config", str(first), "image", "build"]) for _ in range(args.repeat)]
-        )
-        for size in [int(s) for s in args.sizes.split(",")]:
-            config = str(config_for(size, Path(tmp)))
-            up, rerun, down = [], [], []
-            for _ in range(args.repeat):
-                timed([CB, "--config", config, "cluster", "down"])
-                up.append(timed([CB, "--config", config, "cluster", "up"]))
-                rerun.append(timed([CB, "--config", config, "cluster", "up"]))
-                down.append(timed([CB, "--config", config, "cluster", "down"]))
-            results["clusters"][f"{size}_compute"] = {
-                "cluster_up_to_all_idle": summary(up),
-                "idempotent_rerun": summary(rerun),
-                "destroy": summary(down),
-                "rerun_to_up_ratio": round(statistics.median(rerun) / statistics.median(up), 3),
-            }
-            print(json.dumps({size: results["clusters"][f"{size}_compute"]}), file=sys.stderr)
+        directory = Path(tmp)
+        for code in codes:
+            log(f"[{code.label}] image build (reused when its inputs are unchanged)")
+            took, _ = code.run(static_config(2, directory), "image", "build", *(["--force"] if args.cold else []))
+            results["image"][code.label] = {"build_s": round(took, 3), "cold": args.cold}
+
+        raw: dict[str, dict[str, dict[str, list]]] = {}
+        for round_no in range(args.repeat):
+            order = codes if round_no % 2 == 0 else codes[::-1]
+            for size in sizes:
+                for code in order:
+                    if code is not current and size not in baseline_sizes:
+                        continue
+                    figures = bring_up(code, static_config(size, directory))
+                    log(
+                        f"[{code.label}] 1+{size} round {round_no + 1}: "
+                        + json.dumps({k: round(v, 1) for k, v in figures.items()})
+                    )
+                    for key, value in figures.items():
+                        raw.setdefault(f"1+{size}", {}).setdefault(code.label, {}).setdefault(key, []).append(value)
+
+        for shape, by_code in raw.items():
+            entry = results["clusters"][shape] = {}
+            for label, figures in by_code.items():
+                entry[label] = {
+                    "cluster_up_to_all_idle": summary(figures["up"]),
+                    "idempotent_rerun": summary(figures["rerun"]),
+                    "destroy": summary(figures["down"]),
+                    "rerun_changed_tasks": figures["rerun_changed"],
+                }
+        ratios = results["ratios"] = {}
+        here = results["clusters"].get("1+8", {}).get(current.label)
+        if here and len(codes) > 1 and codes[1].label in results["clusters"]["1+8"]:
+            base = results["clusters"]["1+8"][codes[1].label]
+            for key, name in (("cluster_up_s", "cluster_up_to_all_idle"), ("rerun_s", "idempotent_rerun")):
+                speedup = base[name]["median_s"] / here[name]["median_s"]
+                ratios[f"1+8 {key} baseline/current"] = round(speedup, 2)
+                ratios[f"1+8 {key} peer/current (derived)"] = round(speedup * PEER[key] / PEER_BASELINE[key], 2)
+        if here and "1+32" in results["clusters"]:
+            big = results["clusters"]["1+32"][current.label]["cluster_up_to_all_idle"]["median_s"]
+            ratios["1+32/1+8 cluster_up current"] = round(big / here["cluster_up_to_all_idle"]["median_s"], 2)
+
+        elastic_nodes = [int(n) for n in args.elastic_nodes.split(",") if n]
+        if elastic_nodes:
+            config = elastic_config(max(elastic_nodes), directory)
+            current.run(config, "cluster", "down")
+            up, _ = current.run(config, "cluster", "up")
+            log(f"elastic cluster up (0 running compute nodes): {up:.1f}s")
+            results["elastic"] = {"cluster_up_s": round(up, 3)}
+            try:
+                for nodes in elastic_nodes:
+                    samples = sbatch_to_start(current, config, nodes, args.repeat)
+                    results["elastic"][f"sbatch_to_start_N{nodes}"] = summary(samples)
+            finally:
+                current.run(config, "cluster", "down")
+
     out_dir = REPO / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / f"bringup-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
-    print(f"written: {out}", file=sys.stderr)
+    log(f"written: {out}")
     return 0
 
 

@@ -26,8 +26,11 @@ def _load(args: argparse.Namespace) -> ClusterConfig:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args)
-    nodes = sum(g.count for g in config.node_groups)
-    print(f"{_config_path(args)}: valid ({config.provider} cluster {config.cluster_name}: 1 head, {nodes} compute)")
+    static = sum(g.static_count for g in config.node_groups)
+    elastic = sum(g.max_nodes - g.static_count for g in config.node_groups)
+    extra = f" + up to {elastic} elastic" if elastic else ""
+    shape = f"1 head, {static} compute{extra}"
+    print(f"{_config_path(args)}: valid ({config.provider} cluster {config.cluster_name}: {shape})")
     return 0
 
 
@@ -57,8 +60,11 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     summary = cluster.up(_load(args), _config_path(args), provision_only=args.provision_only)
     if "changed" in summary:
+        states = summary["slurm"].values()
+        down = sum(1 for state in states if state.endswith("~"))
+        powered_down = f", {down} powered down until jobs need them" if down else ""
         print(
-            f"cluster {summary['cluster']} is up: {len(summary['slurm'])} compute nodes idle, "
+            f"cluster {summary['cluster']} is up: {len(states) - down} compute nodes idle{powered_down}, "
             f"{summary['changed']} changed tasks"
         )
     else:
@@ -80,11 +86,66 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
         )
     if report["slurm_error"]:
         print(f"slurm: {report['slurm_error']}", file=sys.stderr)
+    counts = report["summary"]
+    shown = ("running", "stopped", "absent", "powered_down")
+    others = [f"{n} {state}" for state, n in counts.items() if state not in shown]
+    print(
+        f"nodes: {counts['running']} running, {counts['stopped']} stopped, {counts['absent']} absent"
+        + (f" ({counts['powered_down']} powered down in Slurm)" if counts["powered_down"] else "")
+        + "".join(f", {o}" for o in others)
+    )
+    if report["cost"] is not None:
+        for line in cost_lines(report["cost"]):
+            print(line)
     return 0
 
 
+def usd(amount: float) -> str:
+    """$55.04, $0.4032, $0.00001: two decimals, or as many as a small price needs."""
+    if amount == 0 or amount >= 1:
+        return f"${amount:,.2f}"
+    return "$" + f"{amount:.6f}".rstrip("0").rstrip(".")
+
+
+def cost_lines(cost: dict) -> list[str]:
+    """`cluster status`'s cost summary from the report's `cost` (CostEstimate.to_json)."""
+    machines = cost["machines"]
+    unpriced = [m for m in machines if m["per_hour"] is None]
+    if cost["per_hour"] is None:
+        total = f"unknown ({len(unpriced)} running instance(s), none priced)"
+    elif unpriced:
+        total = f"at least {usd(cost['per_hour'])} ({len(unpriced)} of {len(machines)} running instance(s) not priced)"
+    else:
+        total = usd(cost["per_hour"]) + ("" if machines or cost["note"] else " (nothing running)")
+    lines = [f"cost per hour of what runs now (estimate): {total}" + (f"; {cost['note']}" if cost["note"] else "")]
+    groups: dict[tuple, int] = {}
+    for m in machines:
+        key = (m["instance_type"], m["market"], m["per_hour"], m["source"])
+        groups[key] = groups.get(key, 0) + 1
+    for (instance_type, market, per_hour, source), count in groups.items():
+        price = f"{usd(per_hour)}/h each" if per_hour is not None else "price unknown"
+        lines.append(f"  {count} x {instance_type} {market}: {price} ({source.removeprefix('unknown: ')})")
+    if cost["not_included"]:
+        lines.append(f"  not included: {', '.join(cost['not_included'])}")
+    return lines
+
+
 def cmd_cluster_down(args: argparse.Namespace) -> int:
-    cluster.down(_load(args))
+    _, check = cluster.down(_load(args))
+    if check is None:
+        return 0
+    for what in check.unchecked:
+        print(f"not checked: {what}")
+    for item in sorted(check.leftovers, key=lambda item: not item.kept):  # what should not be there last
+        print(f"still billing{', kept on purpose' if item.kept else ''}: {item.what}")
+    if check.unexpected:
+        return 1
+    if check.leftovers:
+        print("nothing else left billing")
+    elif check.unchecked:
+        print("nothing left billing among what could be checked")
+    else:
+        print("nothing left billing" + (f" ({check.note})" if check.note else ""))
     return 0
 
 
@@ -182,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     st = clus.add_parser("status", help="nodes and their Slurm state")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_cluster_status)
-    clus.add_parser("down", help="remove every node and all cluster state").set_defaults(func=cmd_cluster_down)
+    clus.add_parser(
+        "down", help="remove every node and all cluster state, then say what still bills (exit 1: something does)"
+    ).set_defaults(func=cmd_cluster_down)
 
     ssh = sub.add_parser("ssh", help="run a command on a node (head answers to `head`)")
     ssh.add_argument("node")

@@ -14,7 +14,7 @@ from clusterbake.errors import ClusterbakeError
 from clusterbake.paths import repo_root
 from clusterbake.progress import phase, say
 from clusterbake.providers import get_provider
-from clusterbake.providers.base import Provider
+from clusterbake.providers.base import BillingCheck, NodeStatus, Provider
 from clusterbake.remote import Endpoint
 from clusterbake.state import StateDir
 
@@ -79,14 +79,16 @@ def _sinfo_states(head: Endpoint) -> dict[str, str]:
 
 
 def wait_idle(provider: Provider, timeout: float = IDLE_TIMEOUT) -> dict[str, str]:
-    expected = {n.name for n in provider.nodes if n.role == "compute"}
+    """Static compute nodes idle (or busy); elastic ones known to Slurm (powered down until jobs come)."""
+    static = {n.name for n in provider.nodes if n.role == "compute" and not n.elastic}
+    planned = {n.name for n in provider.nodes if n.role == "compute"}
     deadline = time.monotonic() + timeout
     states: dict[str, str] = {}
     head = provider.endpoint("head")  # one lookup (an API call on clouds), one connection for every poll
     while time.monotonic() < deadline:
         states = _sinfo_states(head)
-        if expected <= set(states) and all(states[n] in ("idle", "mix", "alloc") for n in expected):
-            return {n: states[n] for n in expected}
+        if planned <= set(states) and all(states[n] in ("idle", "mix", "alloc") for n in static):
+            return {n: states[n] for n in sorted(planned)}
         time.sleep(0.5)
     raise ClusterbakeError(
         f"compute nodes not idle after {timeout:.0f}s: {json.dumps(states)}; "
@@ -120,10 +122,23 @@ def status(config: ClusterConfig) -> dict:
             for n in nodes
         ],
         "slurm_error": slurm.get("error"),
+        "summary": node_counts(nodes, slurm),
+        "cost": cost.to_json() if (cost := provider.cost()) is not None else None,
     }
 
 
-def down(config: ClusterConfig) -> list[str]:
+def node_counts(nodes: list[NodeStatus], slurm: dict[str, str]) -> dict[str, int]:
+    """How many nodes are running, stopped (on clouds their disks still bill) and absent (not
+    launched, or powered down: `powered_down` counts the nodes Slurm shows powered off, `~`)."""
+    counts = {"running": 0, "stopped": 0, "absent": 0}
+    for node in nodes:
+        counts[node.state] = counts.get(node.state, 0) + 1
+    counts["powered_down"] = sum(1 for n in nodes if (slurm.get(n.name) or "").endswith("~"))
+    return counts
+
+
+def down(config: ClusterConfig) -> tuple[list[str], BillingCheck | None]:
+    """Destroy the cluster, then check (read-only) what of it still bills: (removed, check)."""
     provider = get_provider(config)
     with phase(f"destroy cluster {config.cluster_name}"):
         removed = provider.destroy()
@@ -131,4 +146,6 @@ def down(config: ClusterConfig) -> list[str]:
             say(f"    removed {item}")
         if not removed:
             say("    nothing to remove")
-    return removed
+    with phase("check what still bills"):
+        check = provider.billing_leftovers()
+    return removed, check

@@ -39,7 +39,7 @@ class Strict(BaseModel):
 
 # The image base when the config names none. AWS: Ubuntu 24.04 (Slurm 23.11, which has the
 # cgroup/v2 plugin that Ubuntu's cgroup-v2-only boot needs; see SLURM_PLUGIN_DEFAULTS).
-DEFAULT_IMAGE_BASE = {"local": "debian-12", "aws": "ubuntu-24.04"}
+DEFAULT_IMAGE_BASE = {"local": "debian-12", "aws": "ubuntu-24.04", "azure": "ubuntu-24.04"}
 
 
 class ImageConfig(Strict):
@@ -61,10 +61,14 @@ class ImageConfig(Strict):
     security_mirror: str = Field("http://deb.debian.org/debian-security", description="Debian security mirror.")
 
 
-INSTANCE_TYPE_PATTERN = r"^[a-z0-9-]+\.[a-z0-9-]+$"
+AWS_INSTANCE_TYPE_PATTERN = r"^[a-z0-9-]+\.[a-z0-9-]+$"
+# Azure VM sizes: Standard_ND96isr_H100_v5, Standard_D4s_v5, ... (case-insensitive in Azure).
+AZURE_VM_SIZE_PATTERN = r"^(Standard|Basic)_[A-Za-z0-9_]+$"
+INSTANCE_TYPE_PATTERN = f"({AWS_INSTANCE_TYPE_PATTERN})|({AZURE_VM_SIZE_PATTERN})"
 # Sizing keys that only the local provider reads: on AWS the instance type decides them.
 LOCAL_SIZING_KEYS = ("cpus", "memory_mb", "sockets", "threads_per_core", "gpus", "gpu_type")
 MAX_PLACEHOLDER_GPUS = 16
+MAX_GROUP_NODES = 4096
 
 
 class NodeSize(Strict):
@@ -75,7 +79,8 @@ class NodeSize(Strict):
     instance_type: str | None = Field(
         None,
         pattern=INSTANCE_TYPE_PATTERN,
-        description="Cloud providers: the VM size (required with provider aws, e.g. m7i.2xlarge, p5.48xlarge).",
+        description="Cloud providers: the VM size (required with provider aws, e.g. m7i.2xlarge, p5.48xlarge; "
+        "and with provider azure, e.g. Standard_D4s_v5, Standard_ND96isr_H100_v5).",
     )
 
 
@@ -85,7 +90,20 @@ class HeadConfig(NodeSize):
 
 class NodeGroup(NodeSize):
     name: Name = Field(description="Group name; nodes are <name>-1, <name>-2, ...")
-    count: int = Field(ge=0, description="Number of nodes in this group.")
+    count: int | None = Field(
+        None, ge=0, description="Nodes that always run (static); or give min_count/max_count for an elastic group."
+    )
+    min_count: int | None = Field(None, ge=0, description="Elastic group: nodes that always run (default 0).")
+    max_count: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_GROUP_NODES,
+        description="Elastic group: the most nodes; those beyond min_count are powered up for queued jobs "
+        "and powered down after idle_time.",
+    )
+    idle_time: int = Field(
+        600, ge=1, description="Elastic group: seconds a node stays idle before it is powered down (SuspendTime)."
+    )
     sockets: int = Field(1, ge=1, description="Local provider: Slurm Sockets; cores per socket follow from cpus.")
     threads_per_core: int = Field(1, ge=1, description="Local provider: Slurm ThreadsPerCore.")
     gpus: int = Field(
@@ -102,17 +120,87 @@ class NodeGroup(NodeSize):
         description="Slurm Gres entries, e.g. gpu:h100:8 (aws: default from the instance type's GPUs).",
     )
     efa: bool = Field(False, description="aws: one EFA interface per network card; the type must support EFA.")
-    spot: bool = Field(False, description="aws: spot instances instead of on-demand.")
+    spot: bool = Field(
+        False, description="aws: spot instances instead of on-demand; azure: Spot VMs (eviction policy Delete)."
+    )
+    infiniband: bool | None = Field(
+        None,
+        description="azure: the group's VMs share one InfiniBand fabric (one VM scale set, Flexible orchestration, "
+        "per group); the size must be RDMA-capable (RdmaEnabled: Standard_ND96isr_H100_v5, Standard_HB120rs_v3, "
+        "...). Default: true on RDMA sizes.",
+    )
     capacity_reservation_id: str | None = Field(
         None, pattern=r"^cr-[0-9a-f]{8,17}$", description="aws: launch into this capacity reservation (cr-...)."
     )
     placement_group: bool | None = Field(
-        None, description="aws: a cluster placement group for the group; default: true when efa (EFA needs one)."
+        None,
+        description="aws: a cluster placement group for the group; default: true when efa (EFA needs one). "
+        "azure: a proximity placement group for the group; default: true.",
     )
+    instance_types: list[Annotated[str, Field(pattern=INSTANCE_TYPE_PATTERN)]] | None = Field(
+        None,
+        min_length=1,
+        description="aws: instead of instance_type, instance types in order of preference. The first is the "
+        "primary: the Slurm spec and `cluster up` use it; when EC2 has no capacity for it (or for the ones "
+        "before), a node Slurm powers up is launched as the next one (elastic groups). Each other type must "
+        "have the primary's vCPUs and at least its memory and GPUs.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _primary_instance_type(cls, data):
+        """instance_types: [a, b] stands for instance_type a, with b as a fallback."""
+        if not isinstance(data, dict) or not isinstance(types := data.get("instance_types"), list) or not types:
+            return data
+        if data.get("instance_type") is None:
+            return {**data, "instance_type": types[0]}
+        if data["instance_type"] != types[0]:
+            raise ValueError(
+                "instance_types: give instance_type or instance_types (its first is the primary), not both"
+            )
+        return data
+
+    @field_validator("instance_types")
+    @classmethod
+    def _distinct_types(cls, values: list[str] | None) -> list[str] | None:
+        if values is not None and len(set(values)) != len(values):
+            raise ValueError("each instance type only once")
+        return values
+
+    @property
+    def types(self) -> list[str]:
+        """The instance types to launch, the primary first (clouds)."""
+        if self.instance_types:
+            return list(self.instance_types)
+        return [self.instance_type] if self.instance_type else []
 
     @property
     def wants_placement_group(self) -> bool:
         return self.efa if self.placement_group is None else self.placement_group
+
+    @property
+    def static_count(self) -> int:
+        """Nodes that always run."""
+        return self.count if self.count is not None else (self.min_count or 0)
+
+    @property
+    def max_nodes(self) -> int:
+        """Every node the group may have: static ones first, then elastic ones."""
+        return self.count if self.count is not None else max(self.max_count or 0, self.static_count)
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_nodes > self.static_count
+
+    @model_validator(mode="after")
+    def _count_or_range(self) -> NodeGroup:
+        if self.count is not None and (self.min_count is not None or self.max_count is not None):
+            raise ValueError("count: give count (static) or min_count/max_count (elastic), not both")
+        if self.count is None and self.max_count is None:
+            raise ValueError("count: required (or max_count for an elastic group); add count: N")
+        if self.count is None and (self.min_count or 0) > (self.max_count or 0):
+            raise ValueError(f"min_count: {self.min_count} is more than max_count {self.max_count}")
+        return self
 
     @model_validator(mode="after")
     def _cpus_split_into_sockets(self) -> NodeGroup:
@@ -223,9 +311,9 @@ StorageMount = Annotated[
     Discriminator(_storage_type),
 ]
 STORAGE_TAGS = ("hostdir", "nfs", "efs", "fsx_lustre")
-STORAGE_TYPES = {"local": ("hostdir",), "aws": ("nfs", "efs", "fsx_lustre")}
+STORAGE_TYPES = {"local": ("hostdir",), "aws": ("nfs", "efs", "fsx_lustre"), "azure": ("nfs",)}
 # Where shared storage lands when the config says nothing (defaults in one place).
-DEFAULT_STORAGE_TYPE = {"local": "hostdir", "aws": "nfs"}
+DEFAULT_STORAGE_TYPE = {"local": "hostdir", "aws": "nfs", "azure": "nfs"}
 
 
 class User(Strict):
@@ -273,6 +361,24 @@ class SlurmConfig(Strict):
     proctrack_type: str | None = Field(None, description=_plugin_default_text("proctrack_type"))
     task_plugin: str | None = Field(None, description=_plugin_default_text("task_plugin"))
     jobacct_gather_type: str | None = Field(None, description=_plugin_default_text("jobacct_gather_type"))
+
+
+class PowerConfig(Strict):
+    """Power saving of elastic node groups (Slurm's ResumeProgram/SuspendProgram and the reconcile loop)."""
+
+    resume_timeout: int = Field(
+        600, ge=30, description="Seconds a resumed node has to boot and register before Slurm marks it DOWN."
+    )
+    suspend_timeout: int = Field(120, ge=10, description="Seconds a node has to power down (SuspendTimeout).")
+    failed_node_cooldown: int = Field(
+        300, ge=0, description="Seconds a node stays DOWN after a failed resume before it returns to service."
+    )
+    capacity_cooldown: int = Field(
+        600, ge=0, description="Seconds an instance type is skipped after a capacity error (clouds)."
+    )
+    orphan_grace: int = Field(
+        120, ge=0, description="Seconds an instance may run behind a powered-down node before it is terminated."
+    )
 
 
 class LocalConfig(Strict):
@@ -356,6 +462,7 @@ class ClusterConfig(Strict):
     )
     users: list[User] = Field(default_factory=list, description="Cluster users, same UID/GID on every node.")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="Per-environment Slurm plugin choices.")
+    power: PowerConfig = Field(default_factory=PowerConfig, description="Power saving of elastic node groups.")
     local: LocalConfig = Field(default_factory=LocalConfig, description="Settings of the local provider.")
     aws: AwsConfig | None = Field(None, description="Settings of the aws provider (required with provider aws).")
 
@@ -423,7 +530,8 @@ class ClusterConfig(Strict):
         sections = [("head", self.head)] + [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
         for field, section in sections:
             if not section.instance_type:
-                raise ValueError(f"{field}.instance_type: required with provider aws (e.g. m7i.2xlarge)")
+                alternative = "" if field == "head" else ", or instance_types: [...] in order of preference"
+                raise ValueError(f"{field}.instance_type: required with provider aws (e.g. m7i.2xlarge){alternative}")
             for key in LOCAL_SIZING_KEYS:
                 if key in section.model_fields_set:
                     raise ValueError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clusterbake.config import ClusterConfig, extra_ca_files
-from clusterbake.topology import NodeSpec
+from clusterbake.plan import NodeSpec
 
 
 def group_name(name: str) -> str:
@@ -40,6 +40,11 @@ def cluster_vars(config: ClusterConfig) -> dict:
             for u in config.users
         ],
         "clusterbake_storage": [s.model_dump() for s in config.effective_storage()],
+        # Elastic node groups: their idle time and the cluster's power settings (role slurm_power).
+        "clusterbake_power": {
+            **config.power.model_dump(),
+            "idle_times": {g.name: g.idle_time for g in config.node_groups if g.elastic},
+        },
         # The configure half keeps the same CAs the image was baked with.
         "clusterbake_extra_ca_certificates": extra_ca_files(config),
         "slurm_proctrack_type": plugins["proctrack_type"],
@@ -73,6 +78,7 @@ def build_inventory(
             "clusterbake_node_role": node.role,
             "clusterbake_nodegroup": node.nodegroup,
             "clusterbake_slurm_node": node.slurm.as_dict(),
+            "clusterbake_elastic": node.elastic,
             **(extra_hostvars or {}).get(node.name, {}),
         }
     inventory: dict = {name: {"hosts": hosts} for name, hosts in groups.items()}

@@ -88,7 +88,7 @@ def partition_nodes(config: ClusterConfig, partition: str | None) -> tuple[str, 
     chosen = next((p for p in parts if p.name == partition), None) if partition else next(p for p in parts if p.default)
     if chosen is None:
         raise ConfigError(f"--partition {partition}: no such partition (partitions: {[p.name for p in parts]})")
-    groups = {g.name: g.count for g in config.node_groups}
+    groups = {g.name: g.max_nodes for g in config.node_groups}
     return chosen.name, sum(groups[name] for name in chosen.node_groups)
 
 

@@ -80,6 +80,23 @@ def run_cb(moto: Moto, state_dir: Path, config: dict | Path, *args: str, check: 
     return result
 
 
+def provisioned(moto: Moto, state_dir: Path, ami_id: str, config: dict):
+    """A cluster provisioned once (`cluster up --provision-only`) for a test module, then removed:
+    yields what the module's tests need; the fixture's body is `yield from provisioned(...)`."""
+    from clusterbake.providers.aws.ami import write_record
+    from clusterbake.state import StateDir
+
+    write_record(StateDir(state_dir), ami_id, REGION)
+    first = run_cb(moto, state_dir, config, "cluster", "up", "--provision-only")
+    yield {
+        "state_dir": state_dir,
+        "config": config,
+        "first": first,
+        "path": state_dir / f"{config['cluster_name']}.yaml",
+    }
+    run_cb(moto, state_dir, config, "cluster", "down")
+
+
 def inventory(moto: Moto, state_dir: Path, config_path: Path, **env: str) -> dict:
     result = subprocess.run(
         [str(REPO / "inventories" / "aws_ec2.py"), "--list"],

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import base64
 import email
+import ipaddress
 import json
 
 import pytest
 import yaml
-from awstest import REGION, ZONE, example_config, inventory, live_instances, run_cb, tag_map
+from awstest import REGION, ZONE, example_config, inventory, live_instances, provisioned, run_cb, tag_map
 
 from clusterbake.config import load_config
 from clusterbake.errors import ConfigError
@@ -30,12 +31,7 @@ CLUSTER = "p5demo"
 @pytest.fixture(scope="module")
 def p5(moto, network, tmp_path_factory):
     """The example cluster, up once for the module (and down at its end)."""
-    state_dir = tmp_path_factory.mktemp("state-p5")
-    write_record(StateDir(state_dir), network.ami_id, REGION)
-    config = example_config(network)
-    first = run_cb(moto, state_dir, config, "cluster", "up", "--provision-only")
-    yield {"state_dir": state_dir, "config": config, "first": first, "path": state_dir / f"{CLUSTER}.yaml"}
-    run_cb(moto, state_dir, config, "cluster", "down")
+    yield from provisioned(moto, tmp_path_factory.mktemp("state-p5"), network.ami_id, example_config(network))
 
 
 def _templates(ec2) -> dict[str, dict]:
@@ -197,10 +193,17 @@ def test_inventory_lists_running_nodes_with_slurm_specs_from_the_instance_type(m
     assert inv["nvswitch"]["hosts"] == ["gpu-1", "gpu-2"]  # p5.48xlarge: its join runs the fabric manager
     assert inv["train"]["hosts"] == ["gpu-1", "gpu-2"]
     instances = {tag_map(i)["clusterbake:name"]: i for i in live_instances(moto.ec2(), CLUSTER)}
+    state = json.loads((p5["state_dir"] / "clusters" / CLUSTER / "state.json").read_text())
     for name, host in hostvars.items():
-        assert host["ansible_host"] == instances[name]["PrivateIpAddress"]
+        # The planned address (from the top of the subnet), which the instance was launched with.
+        assert host["ansible_host"] == instances[name]["PrivateIpAddress"] == state["nodes"][name]["address"]
         assert host["clusterbake_instance_id"] == instances[name]["InstanceId"]
         assert host["clusterbake_availability_zone"] == ZONE
+        assert host["clusterbake_running"] is True
+    # From the top of 10.50.0.0/20 in plan order (below what other tests' clusters hold there).
+    numbers = [ipaddress.ip_address(hostvars[n]["ansible_host"]) for n in ("head", "gpu-1", "gpu-2")]
+    assert numbers == sorted(numbers, reverse=True) and numbers[0] <= ipaddress.ip_address("10.50.15.254")
+    assert numbers[-1] > ipaddress.ip_address("10.50.15.0")
     assert hostvars["gpu-1"]["clusterbake_instance_type"] == "p5.48xlarge"
     assert hostvars["gpu-1"]["clusterbake_slurm_node"] == {
         "cpus": 192,
@@ -223,11 +226,13 @@ def test_inventory_cluster_name_from_the_environment(moto, p5):
     assert inv["_meta"]["hostvars"] == {} and inv["slurm_head"] == {"hosts": []}
 
 
-def test_stopped_node_leaves_the_inventory_and_up_starts_it(moto, p5):
+def test_stopped_node_stays_in_the_inventory_not_running_and_up_starts_it(moto, p5):
     ec2 = moto.ec2()
     gpu1 = next(i for i in live_instances(ec2, CLUSTER) if tag_map(i)["clusterbake:name"] == "gpu-1")
     ec2.stop_instances(InstanceIds=[gpu1["InstanceId"]])
-    assert "gpu-1" not in inventory(moto, p5["state_dir"], p5["path"])["_meta"]["hostvars"]
+    # Every planned node is in the inventory (slurm.conf and /etc/hosts name it); Ansible connects to the head only.
+    host = inventory(moto, p5["state_dir"], p5["path"])["_meta"]["hostvars"]["gpu-1"]
+    assert host["clusterbake_running"] is False and host["ansible_host"] == gpu1["PrivateIpAddress"]
     result = run_cb(moto, p5["state_dir"], p5["config"], "cluster", "up", "--provision-only")
     assert "starting 1 stopped instance" in result.stderr
     state = ec2.describe_instances(InstanceIds=[gpu1["InstanceId"]])["Reservations"][0]["Instances"][0]["State"]

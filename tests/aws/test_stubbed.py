@@ -142,12 +142,13 @@ def test_inventory_reports_the_instances_placement_group(tmp_path):
             {
                 "Filters": [
                     {"Name": "tag:clusterbake:cluster", "Values": ["p5demo"]},
-                    {"Name": "instance-state-name", "Values": ["running"]},
+                    {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
                 ],
                 "MaxResults": 1000,
             },
         )
-        # Storage defaults to NFS from the head: its exports admit the subnet's range.
+        # Storage defaults to NFS from the head: its exports admit the subnet's range (and the
+        # planned addresses come from it).
         stub.add_response(
             "describe_subnets",
             {

@@ -24,6 +24,11 @@ def _gpu(**changes):
     return [{"name": "gpu", "count": 1, "instance_type": "p5.48xlarge", "efa": True, **changes}]
 
 
+def _burst(types):
+    """An elastic group with fallback instance types."""
+    return [{"name": "burst", "min_count": 0, "max_count": 2, "instance_types": types}]
+
+
 CASES = {
     "not-in-zone": (
         {"node_groups": _gpu(instance_type="trn1.32xlarge")},
@@ -59,6 +64,28 @@ CASES = {
         {"aws": {"ami_id": "ami-0000000000000000f"}},
         2,
         "aws.ami_id: ami-0000000000000000f does not exist in {region}",
+    ),
+    "fallback-not-offered": (
+        {"node_groups": _burst(["c7a.large", "p9.large"])},
+        2,
+        "node_groups.0.instance_types.1: p9.large is not an instance type offered in {region}",
+    ),
+    "fallback-vcpus": (
+        {"node_groups": _burst(["c7a.large", "c7a.xlarge"])},
+        2,
+        "node_groups.0.instance_types.1: c7a.xlarge has 4 vCPUs, the primary c7a.large 2; "
+        "a fallback type needs the same vCPUs",
+    ),
+    "fallback-memory": (
+        {"node_groups": _burst(["m7a.large", "c7a.large"])},
+        2,
+        "node_groups.0.instance_types.1: c7a.large has 4096 MiB of memory, less than the primary m7a.large's 8192 MiB",
+    ),
+    "fallback-gpus": (
+        {"node_groups": _burst(["g5.xlarge", "g4dn.xlarge"])},
+        2,
+        "node_groups.0.instance_types.1: g4dn.xlarge has 1 x t4, the primary g5.xlarge 1 x a10g; "
+        "a fallback type needs at least the primary's GPUs",
     ),
     "no-image-built": (
         {"no_record": True},

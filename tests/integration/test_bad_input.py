@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from conftest import cb, run
+from localtest import cb, run
 
 
 def leftovers(cluster: str) -> list[str]:

@@ -12,7 +12,7 @@ import re
 import sys
 
 import pytest
-from conftest import REPO, cb, on, run
+from localtest import REPO, cb, on, run
 
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 from test_aws_slurm_conf import as_template_input, p5_inventory

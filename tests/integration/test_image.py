@@ -3,7 +3,7 @@
 import json
 import re
 
-from conftest import CONFIG, cb
+from localtest import CONFIG, cb
 
 
 def image_dir():

@@ -7,7 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
-from conftest import CONFIG, REPO, cb, on, run
+from localtest import CONFIG, REPO, cb, on, run
 
 from clusterbake.config import load_config
 from clusterbake.providers.local.network import bridge_name, veth_name

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cb, on, run
+from localtest import REPO, cb, on, run
 
 from clusterbake.job_report import events
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CLUSTER, REPO, run
+from twintest import CLUSTER, REPO, run
 
 from clusterbake.providers.aws.userdata import user_data
 
@@ -190,22 +190,5 @@ def test_spot_and_rebalance_notices_appear_in_the_nodes_metadata(twin):
 
 def test_cluster_down_leaves_nothing_in_the_account_or_on_the_host(twin):
     twin.cb("cluster", "down", timeout=600)
-    ec2, iam = twin.client("ec2"), twin.client("iam")
-    tag = [{"Name": "tag:clusterbake:cluster", "Values": [CLUSTER]}]
-    live = [
-        i
-        for r in ec2.describe_instances(Filters=tag)["Reservations"]
-        for i in r["Instances"]
-        if i["State"]["Name"] != "terminated"
-    ]
-    assert live == []
-    assert ec2.describe_launch_templates(Filters=tag)["LaunchTemplates"] == []
-    assert ec2.describe_security_groups(Filters=tag)["SecurityGroups"] == []
-    listed = twin.client("secretsmanager").list_secrets(Filters=[{"Key": "tag-value", "Values": [CLUSTER]}])
-    assert listed["SecretList"] == []
-    assert [r for r in iam.list_roles()["Roles"] if CLUSTER in r["RoleName"]] == []
-    assert [p for p in iam.list_instance_profiles()["InstanceProfiles"] if CLUSTER in p["InstanceProfileName"]] == []
-    assert twin.client("efs").describe_file_systems()["FileSystems"] == []
-    # The twin removed every node of those instances.
-    assert [i for i in twin.status()["instances"] if i["node"] != "absent"] == []
+    twin.assert_cluster_gone()
     assert not run(["ip", "netns", "list"]).stdout.count("cb-twin-aws-i-")

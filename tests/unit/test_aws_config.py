@@ -147,10 +147,44 @@ def test_defaults(tmp_path):
         (lambda t: t.replace("vpc-0123456789abcdef0", "my-vpc"), "aws.vpc_id: String should match pattern"),
         (lambda t: t.replace("  ssh_cidrs:", "  bastion: bastion.example.com\n  ssh_cidrs:"), "aws.bastion"),
         (lambda t: t + "    capacity_reservation_id: reservation-1\n", "node_groups.0.capacity_reservation_id"),
+        (
+            lambda t: t + "    instance_types: [p5e.48xlarge, p5.48xlarge]\n",
+            "node_groups.0: instance_types: give instance_type or instance_types (its first is the primary), not both",
+        ),
+        (lambda t: t + "    instance_types: []\n", "node_groups.0.instance_types: List should have at least 1 item"),
+        (
+            lambda t: t.replace("    instance_type: p5.48xlarge\n", "    instance_types: [p5.48xlarge, p5.48xlarge]\n"),
+            "node_groups.0.instance_types: each instance type only once",
+        ),
+        (
+            lambda t: t.replace("    instance_type: p5.48xlarge\n", "    instance_types: [P5]\n"),
+            "node_groups.0.instance_types.0: String should match pattern",
+        ),
     ],
 )
 def test_aws_errors_name_the_field(tmp_path, change, message):
     assert message in error_for(tmp_path, change(AWS))
+
+
+def test_instance_types_name_the_primary_and_its_fallbacks(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        AWS.replace("    instance_type: p5.48xlarge\n", "    instance_types: [p5.48xlarge, p5e.48xlarge]\n")
+    )
+    [group] = load_config(path).node_groups
+    assert group.instance_type == "p5.48xlarge"  # the primary: the Slurm spec and `cluster up` use it
+    assert group.types == ["p5.48xlarge", "p5e.48xlarge"]
+    # The config as written back (the local provider keeps it) loads again.
+    again = ClusterConfig.model_validate(load_config(path).model_dump(mode="json", exclude_unset=True))
+    assert again.node_groups[0].types == group.types
+    # With the primary named twice it is the same.
+    path.write_text(
+        AWS.replace(
+            "    instance_type: p5.48xlarge\n",
+            "    instance_type: p5.48xlarge\n    instance_types: [p5.48xlarge, p5e.48xlarge]\n",
+        )
+    )
+    assert load_config(path).node_groups[0].types == ["p5.48xlarge", "p5e.48xlarge"]
 
 
 def test_local_configs_are_unchanged(tmp_path):

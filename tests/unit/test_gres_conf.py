@@ -6,7 +6,7 @@ from test_slurm_conf import filters, inventory, node, render
 
 from clusterbake.config import ClusterConfig
 from clusterbake.inventory import build_inventory
-from clusterbake.topology import plan_nodes
+from clusterbake.plan import plan_nodes
 
 
 def lines(text: str) -> list[str]:

@@ -5,8 +5,7 @@ import subprocess
 
 from clusterbake.config import ClusterConfig
 from clusterbake.inventory import build_inventory
-from clusterbake.providers.local.network import node_addresses
-from clusterbake.topology import plan_nodes
+from clusterbake.plan import address_pool, assign_addresses, plan_nodes
 
 CONFIG = ClusterConfig.model_validate(
     {
@@ -23,7 +22,8 @@ CONFIG = ClusterConfig.model_validate(
 
 def inventory():
     nodes = plan_nodes(CONFIG)
-    addresses = dict(zip([n.name for n in nodes], node_addresses("10.77.0.0/24", len(nodes)), strict=True))
+    names = [n.name for n in nodes]
+    addresses = assign_addresses(names, address_pool("10.77.0.0/24", skip_first=9), {}, "local.subnet")
     return build_inventory(CONFIG, nodes, addresses)
 
 
@@ -86,17 +86,22 @@ def test_group_vars_from_config():
 
 
 def test_inventory_script_protocol(repo, tmp_path):
-    """The executable script answers --list and --host (no nodes running: empty groups)."""
+    """The executable script answers --list and --host: every planned node, none of them running."""
     config = tmp_path / "c.yaml"
     config.write_text("cluster_name: inv-test\nnode_groups: [{name: cpu, count: 1}]\n")
     env = {"PATH": "/usr/bin:/bin", "CLUSTERBAKE_CONFIG": str(config), "CLUSTERBAKE_STATE_DIR": str(tmp_path)}
     listing = subprocess.run([repo / "inventories/local.py", "--list"], capture_output=True, text=True, env=env)
     assert listing.returncode == 0, listing.stderr
     data = json.loads(listing.stdout)
-    assert data["slurm_head"] == {"hosts": []} and data["_meta"] == {"hostvars": {}}
+    assert data["slurm_head"] == {"hosts": ["head"]} and data["slurm_compute"] == {"hosts": ["cpu-1"]}
+    hostvars = data["_meta"]["hostvars"]
+    assert {h: (v["ansible_host"], v["clusterbake_running"]) for h, v in hostvars.items()} == {
+        "head": ("10.77.0.10", False),
+        "cpu-1": ("10.77.0.11", False),
+    }
     assert data["all"]["vars"]["clusterbake_cluster_name"] == "inv-test"
     host = subprocess.run([repo / "inventories/local.py", "--host", "head"], capture_output=True, text=True, env=env)
-    assert host.returncode == 0 and json.loads(host.stdout) == {}
+    assert host.returncode == 0 and json.loads(host.stdout) == hostvars["head"]
 
 
 def test_inventory_script_bad_config_exits_2(repo, tmp_path):

@@ -261,5 +261,22 @@ def test_restart_required_only_for_settings_reconfigure_cannot_apply(new_conf, r
     assert filters.slurm_conf_restart_required(BASE_CONF, new_conf) is restart
 
 
+@pytest.mark.parametrize(
+    ("new_conf", "restart"),
+    [
+        (BASE_CONF.replace("MaxTime=INFINITE", "MaxTime=1-00:00:00"), False),
+        (BASE_CONF.replace("proctrack/linuxproc", "proctrack/cgroup"), True),
+        (BASE_CONF.replace("cpu-[1-2]", "cpu-[1-3]"), True),
+    ],
+)
+def test_restart_digest_changes_exactly_when_slurmd_must_restart(new_conf, restart):
+    # The compute nodes' join bundle carries this digest: it must not change from run to
+    # run (a second `cluster up` changes nothing), only when slurmd needs a restart.
+    before = filters.slurm_conf_restart_digest(BASE_CONF, "cgroup-a")
+    assert filters.slurm_conf_restart_digest(BASE_CONF, "cgroup-a") == before
+    assert (filters.slurm_conf_restart_digest(new_conf, "cgroup-a") != before) is restart
+    assert filters.slurm_conf_restart_digest(BASE_CONF, "cgroup-b") != before
+
+
 def test_first_config_needs_no_restart():
     assert filters.slurm_conf_restart_required("", BASE_CONF) is False

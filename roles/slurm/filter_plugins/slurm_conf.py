@@ -5,6 +5,9 @@ them in a plain jinja2 Environment and render the role's real templates.
 Host lists are compressed with python-hostlist, which the controller needs.
 """
 
+import hashlib
+import json
+
 import hostlist
 
 # Keys of a node's clusterbake_slurm_node spec (docs/architecture.md) and the
@@ -109,6 +112,8 @@ def _node_attributes(hostvars, host):
         raise ValueError(f"clusterbake_slurm_node of host {host} lacks {', '.join(missing)}")
     attributes = [f"{name}={spec[key]}" for key, name in NODE_SPEC_KEYS]
     attributes += [f"{name}={slurm_value(list(spec[key]))}" for key, name in NODE_SPEC_LIST_KEYS if spec.get(key)]
+    # Elastic nodes are powered up for jobs and down when idle (slurm.conf(5), State=CLOUD).
+    attributes.append("State=CLOUD" if hostvars[host].get("clusterbake_elastic") else "State=UNKNOWN")
     return tuple(attributes)
 
 
@@ -125,10 +130,22 @@ def slurm_node_lines(hostvars, hosts):
         hosts_by_attributes.items(),
         key=lambda item: min(hostlist.numeric_sort_key(host) for host in item[1]),
     )
-    return [
-        " ".join((f"NodeName={slurm_hostlist(group_hosts)}", *attributes, "State=UNKNOWN"))
-        for attributes, group_hosts in ordered
+    return [" ".join((f"NodeName={slurm_hostlist(group_hosts)}", *attributes)) for attributes, group_hosts in ordered]
+
+
+def slurm_elastic_hosts(hostvars, hosts):
+    """The hosts that are powered up and down (State=CLOUD)."""
+    return [host for host in hosts if hostvars[host].get("clusterbake_elastic")]
+
+
+def slurm_partition_suspend_time(hostvars, hosts, idle_times):
+    """A partition's SuspendTime: the shortest idle_time of its elastic node groups (None: none)."""
+    times = [
+        idle_times[hostvars[host]["clusterbake_nodegroup"]]
+        for host in hosts
+        if hostvars[host].get("clusterbake_elastic") and hostvars[host]["clusterbake_nodegroup"] in idle_times
     ]
+    return min(times) if times else None
 
 
 def slurm_gres_types(hostvars, hosts):
@@ -224,6 +241,17 @@ def slurm_conf_restart_required(previous_text, new_text):
     return _restart_view(previous_text) != _restart_view(new_text)
 
 
+def slurm_conf_restart_digest(conf_text, extra=""):
+    """A digest of what slurmd reads only when it starts: the parts of slurm.conf that
+    reconfigure cannot apply, plus `extra` (cgroup.conf). A compute node's join bundle
+    carries it as a file whose change restarts slurmd, so a bundle is the same on every
+    run with the same config (a second run changes nothing) and changes exactly when
+    the daemons need a restart."""
+    settings, nodes = _restart_view(conf_text)
+    view = json.dumps({"settings": settings, "nodes": sorted(nodes), "extra": extra}, sort_keys=True)
+    return hashlib.sha256(view.encode()).hexdigest()
+
+
 class FilterModule:
     """Ansible entry point: exposes the filters above by their function names."""
 
@@ -238,7 +266,10 @@ class FilterModule:
                 slurm_node_lines,
                 slurm_gres_types,
                 slurm_gres_conf_lines,
+                slurm_elastic_hosts,
+                slurm_partition_suspend_time,
                 slurm_partition_hosts,
                 slurm_conf_restart_required,
+                slurm_conf_restart_digest,
             )
         }

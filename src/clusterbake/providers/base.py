@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
+from clusterbake.plan import NodeSpec, plan_nodes
 from clusterbake.remote import Endpoint
 from clusterbake.state import ClusterDir, StateDir
-from clusterbake.topology import NodeSpec, plan_nodes
 
 
 @dataclass
@@ -21,6 +21,78 @@ class NodeStatus:
     address: str | None
     state: str  # running, stopped, absent
     detail: str = ""
+
+
+@dataclass
+class MachineCost:
+    """One running machine's price per hour (None: unknown, `source` says why)."""
+
+    node: str
+    instance_id: str
+    instance_type: str
+    market: str  # on-demand, spot, capacity-block, ...
+    usd_per_hour: float | None
+    source: str
+
+
+@dataclass
+class CostEstimate:
+    """What the cluster's running machines cost per hour now, and what that leaves out."""
+
+    machines: list[MachineCost] = field(default_factory=list)
+    not_included: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        """The sum over the priced machines; None when none of the running ones could be priced."""
+        known = [m.usd_per_hour for m in self.machines if m.usd_per_hour is not None]
+        if self.machines and not known:
+            return None
+        return sum(known, 0.0)
+
+    @property
+    def complete(self) -> bool:
+        return all(m.usd_per_hour is not None for m in self.machines)
+
+    def to_json(self) -> dict:
+        return {
+            "currency": "USD",
+            "per_hour": self.usd_per_hour,
+            "complete": self.complete,
+            "machines": [
+                {
+                    "node": m.node,
+                    "instance_id": m.instance_id,
+                    "instance_type": m.instance_type,
+                    "market": m.market,
+                    "per_hour": m.usd_per_hour,
+                    "source": m.source,
+                }
+                for m in self.machines
+            ],
+            "not_included": list(self.not_included),
+            "note": self.note,
+        }
+
+
+@dataclass
+class Leftover:
+    """Something of the cluster that still bills after `cluster down`."""
+
+    what: str
+    kept: bool = False  # kept on purpose (retain: true, a file_system_id the config names)
+
+
+@dataclass
+class BillingCheck:
+    leftovers: list[Leftover] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)  # what could not be checked, and why
+    note: str = ""
+
+    @property
+    def unexpected(self) -> list[Leftover]:
+        return [item for item in self.leftovers if not item.kept]
 
 
 class Provider(ABC):
@@ -99,3 +171,13 @@ class Provider(ABC):
 
     @abstractmethod
     def stop_node(self, name: str) -> None: ...
+
+    def cost(self) -> CostEstimate | None:
+        """The estimated price per hour of the cluster's running machines (`cluster status`);
+        None: this provider cannot tell. Prices it cannot get are unknown, never guessed."""
+        return None
+
+    def billing_leftovers(self) -> BillingCheck | None:
+        """After destroy(): what of the cluster still bills, read-only (`cluster down`'s last
+        line); None: this provider cannot tell."""
+        return None

@@ -28,10 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from clusterbake.gpu_systems import has_nvswitch
+from clusterbake.plan import SlurmNodeSpec, instance_slurm_spec
 from clusterbake.providers.aws.api import paginate
-from clusterbake.topology import SlurmNodeSpec
 
-MEMORY_FRACTION = 0.95
 BATCH = 100  # DescribeInstanceTypes takes at most 100 names per call
 # A card of an EFA type whose entry lacks InterfaceTypes (older API answers): every
 # EFA type of today takes all three on its EFA cards.
@@ -111,15 +110,7 @@ class InstanceTypeInfo:
         return [f"gpu:{model}:{count}" for model, count in self.gpus]
 
     def slurm_spec(self, gres: list[str] | None = None, features: Iterable[str] = ()) -> SlurmNodeSpec:
-        return SlurmNodeSpec(
-            cpus=self.vcpus,
-            sockets=1,
-            cores_per_socket=self.cores,
-            threads_per_core=self.threads_per_core,
-            real_memory=int(self.memory_mib * MEMORY_FRACTION),
-            gres=list(self.gres if gres is None else gres),
-            features=list(dict.fromkeys(features)),
-        )
+        return instance_slurm_spec(self, gres, features)
 
 
 class Catalogue:

@@ -14,14 +14,23 @@ from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 
 
 def instance_type_fields(config: ClusterConfig) -> list[tuple[str, str]]:
-    """(field path, instance type) of the head and every node group."""
+    """(field path, instance type) of the head and every node group (each of a group's instance_types)."""
     fields = [("head.instance_type", config.head.instance_type)]
-    fields += [(f"node_groups.{i}.instance_type", g.instance_type) for i, g in enumerate(config.node_groups)]
+    for i, group in enumerate(config.node_groups):
+        if group.instance_types:
+            fields += [(f"node_groups.{i}.instance_types.{j}", t) for j, t in enumerate(group.instance_types)]
+        else:
+            fields.append((f"node_groups.{i}.instance_type", group.instance_type))
     return [(field, value) for field, value in fields if value]
 
 
 def subnet_zone(client, config: ClusterConfig) -> str:
     """The Availability Zone of aws.subnet_id, which must be in aws.vpc_id."""
+    return describe_subnet(client, config)["AvailabilityZone"]
+
+
+def describe_subnet(client, config: ClusterConfig) -> dict:
+    """aws.subnet_id as DescribeSubnets has it (zone, CIDR block); it must be in aws.vpc_id."""
     aws = config.aws
     try:
         subnets = call(client.describe_subnets, SubnetIds=[aws.subnet_id])["Subnets"]
@@ -32,7 +41,7 @@ def subnet_zone(client, config: ClusterConfig) -> str:
     subnet = subnets[0]
     if subnet["VpcId"] != aws.vpc_id:
         raise ConfigError(f"aws.subnet_id: {aws.subnet_id} is in {subnet['VpcId']}, not in aws.vpc_id {aws.vpc_id}")
-    return subnet["AvailabilityZone"]
+    return subnet
 
 
 def offered(client, location_type: str, location: str, types: list[str]) -> set[str]:
@@ -63,21 +72,48 @@ def check_instance_types(client, config: ClusterConfig, catalogue: Catalogue, zo
             raise ConfigError(f"{field}: {value} is not offered in {zone} (subnet {aws.subnet_id})")
     infos = catalogue.get(types)
     for index, group in enumerate(config.node_groups):
-        info = infos[group.instance_type]
         field = f"node_groups.{index}"
-        if group.efa and not info.efa_supported:
-            raise ConfigError(
-                f"{field}.efa: {info.name} has no EFA support; set efa: false or pick an EFA type "
-                "(p5.48xlarge, p4d.24xlarge, ...)"
-            )
-        if group.spot and info.usage_classes and "spot" not in info.usage_classes:
-            raise ConfigError(f"{field}.spot: {info.name} is not sold as spot; set spot: false")
-        if group.wants_placement_group and info.placement_strategies and "cluster" not in info.placement_strategies:
-            raise ConfigError(
-                f"{field}.placement_group: {info.name} cannot run in a cluster placement group; "
-                "set placement_group: false"
-            )
+        for info in (infos[t] for t in group.types):
+            if group.efa and not info.efa_supported:
+                raise ConfigError(
+                    f"{field}.efa: {info.name} has no EFA support; set efa: false or pick an EFA type "
+                    "(p5.48xlarge, p4d.24xlarge, ...)"
+                )
+            if group.spot and info.usage_classes and "spot" not in info.usage_classes:
+                raise ConfigError(f"{field}.spot: {info.name} is not sold as spot; set spot: false")
+            if group.wants_placement_group and info.placement_strategies and "cluster" not in info.placement_strategies:
+                raise ConfigError(
+                    f"{field}.placement_group: {info.name} cannot run in a cluster placement group; "
+                    "set placement_group: false"
+                )
+        check_fallback_types(field, [infos[t] for t in group.types])
     return infos
+
+
+def check_fallback_types(field: str, infos: list[InstanceTypeInfo]) -> None:
+    """Every fallback type can take the primary's Slurm spec: the same vCPUs (slurmd drains a node
+    with other CPUs than slurm.conf says), at least its memory and its GPUs (model and count)."""
+    primary, *fallbacks = infos
+    for index, info in enumerate(fallbacks, start=1):
+        where = f"{field}.instance_types.{index}"
+        if info.vcpus != primary.vcpus:
+            raise ConfigError(
+                f"{where}: {info.name} has {info.vcpus} vCPUs, the primary {primary.name} {primary.vcpus}; "
+                "a fallback type needs the same vCPUs (Slurm would drain the node)"
+            )
+        if info.memory_mib < primary.memory_mib:
+            raise ConfigError(
+                f"{where}: {info.name} has {info.memory_mib} MiB of memory, less than the primary {primary.name}'s "
+                f"{primary.memory_mib} MiB (Slurm would drain the node)"
+            )
+        gpus = dict(info.gpus)
+        short = [f"{count} x {model}" for model, count in primary.gpus if gpus.get(model, 0) < count]
+        if short:
+            have = ", ".join(f"{c} x {m}" for m, c in info.gpus) or "no GPUs"
+            raise ConfigError(
+                f"{where}: {info.name} has {have}, the primary {primary.name} {', '.join(short)}; "
+                "a fallback type needs at least the primary's GPUs"
+            )
 
 
 def check_key_pair(client, config: ClusterConfig) -> None:

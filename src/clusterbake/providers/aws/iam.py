@@ -20,6 +20,35 @@ by tag: ListRoles does not even return tags). The role:
     `s3:GetObject/PutObject/DeleteObject/AbortMultipartUpload` on their objects
     (Mountpoint for S3 on the nodes).
 
+The head role and profile `clusterbake-<cluster>-head` (same path, tags and trust) are
+what the head's power program (role slurm_power, `clusterbake-power`) runs with: it
+launches and terminates the elastic nodes. Its inline policy `clusterbake-head`
+(`head_policy`) allows only
+
+- `ec2:RunInstances` on instances, volumes and network interfaces (`*`: new ones have no
+  id yet), the cluster's subnet and security group, its compute launch templates, the
+  cluster's AMI, and the placement groups, key pairs, capacity reservations and spot
+  requests a template may name;
+- `ec2:CreateTags` on instances, volumes, network interfaces and spot requests, when
+  RunInstances creates them (condition `ec2:CreateAction`): the tags of the launch;
+- `ec2:TerminateInstances` on instances tagged `clusterbake:cluster=<cluster>` (condition
+  `ec2:ResourceTag/clusterbake:cluster`);
+- `ec2:DescribeInstances` and `ec2:DescribeInstanceStatus` (no resource-level permissions
+  in EC2: `*`);
+- `iam:PassRole` of the node role only (a template names its profile; the head cannot
+  launch anything with its own, stronger role);
+- `secretsmanager:GetSecretValue` on the cluster's secrets, and `kms:Decrypt` of
+  aws.kms_key_id through Secrets Manager when set.
+
+What the EC2 twin proves of it: moto evaluates actions and resources, not conditions
+(a condition never denies there), and checks each EC2 call against resource `*` unless
+the twin's additions (twins/aws/moto_ext.py) name the resources: they check RunInstances
+against the instance, launch template, subnet, security groups and image, iam:PassRole
+of the profile's role, TerminateInstances and CreateTags against each instance. What
+AWS additionally evaluates and no test here does: the two conditions above, and
+RunInstances' other resources (volumes, network interfaces, placement group, key pair,
+capacity reservation, spot request).
+
 IAM is eventually consistent. A role and instance profile created a moment ago are
 not yet known to EC2: for about 10 seconds (sometimes longer) RunInstances and
 CreateLaunchTemplate-based launches fail with InvalidParameterValue "Invalid IAM
@@ -44,6 +73,7 @@ from clusterbake.providers.aws.api import THROTTLING, call, error_code, paginate
 
 PATH = "/clusterbake/"
 POLICY_NAME = "clusterbake-node"
+HEAD_POLICY_NAME = "clusterbake-head"
 TRUST_POLICY = {
     "Version": "2012-10-17",
     "Statement": [
@@ -68,6 +98,14 @@ PROFILE_POLL = 5.0
 
 def node_role_name(cluster: str) -> str:
     return f"clusterbake-{cluster}-node"
+
+
+def head_role_name(cluster: str) -> str:
+    return f"clusterbake-{cluster}-head"
+
+
+def role_arn(name: str, region: str, account: str) -> str:
+    return f"arn:{partition(region)}:iam::{account}:role{PATH}{name}"
 
 
 def partition(region: str) -> str:
@@ -100,17 +138,7 @@ def node_policy(
         }
     ]
     if kms_key_arn:
-        if not KMS_KEY_ARN.match(kms_key_arn):
-            raise ClusterbakeError(f"KMS key {kms_key_arn!r} is not a key ARN; resolve it with iam.resolve_kms_key")
-        statements.append(
-            {
-                "Sid": "JoinBundleKey",
-                "Effect": "Allow",
-                "Action": "kms:Decrypt",
-                "Resource": kms_key_arn,
-                "Condition": {"StringEquals": {"kms:ViaService": f"secretsmanager.{region}.{dns_suffix(region)}"}},
-            }
-        )
+        statements.append(_kms_statement(kms_key_arn, region))
     buckets = sorted(set(s3_buckets))
     for bucket in buckets:
         if not BUCKET_NAME.match(bucket) or ".." in bucket:
@@ -131,6 +159,89 @@ def node_policy(
                 "Resource": [f"{arn}{b}/*" for b in buckets],
             },
         ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _kms_statement(kms_key_arn: str, region: str) -> dict:
+    if not KMS_KEY_ARN.match(kms_key_arn):
+        raise ClusterbakeError(f"KMS key {kms_key_arn!r} is not a key ARN; resolve it with iam.resolve_kms_key")
+    return {
+        "Sid": "JoinBundleKey",
+        "Effect": "Allow",
+        "Action": "kms:Decrypt",
+        "Resource": kms_key_arn,
+        "Condition": {"StringEquals": {"kms:ViaService": f"secretsmanager.{region}.{dns_suffix(region)}"}},
+    }
+
+
+def head_policy(
+    cluster: str,
+    region: str,
+    account: str,
+    *,
+    subnet_id: str,
+    security_group_id: str,
+    image_id: str,
+    launch_template_ids: list[str] | tuple[str, ...] = (),
+    kms_key_arn: str | None = None,
+) -> dict:
+    """The inline policy document of the head role (see the module docstring)."""
+    p = partition(region)
+    ec2 = f"arn:{p}:ec2:{region}:{account}"
+    templates = [f"{ec2}:launch-template/{t}" for t in sorted(set(launch_template_ids))] or [f"{ec2}:launch-template/*"]
+    created = [f"{ec2}:instance/*", f"{ec2}:volume/*", f"{ec2}:network-interface/*"]
+    statements: list[dict] = [
+        {
+            "Sid": "LaunchComputeNodes",
+            "Effect": "Allow",
+            "Action": "ec2:RunInstances",
+            "Resource": [
+                *created,
+                f"{ec2}:subnet/{subnet_id}",
+                f"{ec2}:security-group/{security_group_id}",
+                *templates,
+                f"arn:{p}:ec2:{region}::image/{image_id}",
+                f"{ec2}:placement-group/*",
+                f"{ec2}:key-pair/*",
+                f"{ec2}:capacity-reservation/*",
+                f"{ec2}:spot-instances-request/*",
+            ],
+        },
+        {
+            "Sid": "TagAtLaunch",
+            "Effect": "Allow",
+            "Action": "ec2:CreateTags",
+            "Resource": [*created, f"{ec2}:spot-instances-request/*"],
+            "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+        },
+        {
+            "Sid": "TerminateClusterNodes",
+            "Effect": "Allow",
+            "Action": "ec2:TerminateInstances",
+            "Resource": f"{ec2}:instance/*",
+            "Condition": {"StringEquals": {f"ec2:ResourceTag/{tags.CLUSTER}": cluster}},
+        },
+        {
+            "Sid": "SeeInstances",
+            "Effect": "Allow",
+            "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus"],
+            "Resource": "*",
+        },
+        {
+            "Sid": "PassNodeRole",
+            "Effect": "Allow",
+            "Action": "iam:PassRole",
+            "Resource": role_arn(node_role_name(cluster), region, account),
+        },
+        {
+            "Sid": "JoinBundles",
+            "Effect": "Allow",
+            "Action": "secretsmanager:GetSecretValue",
+            "Resource": secrets_arn_prefix(cluster, region, account),
+        },
+    ]
+    if kms_key_arn:
+        statements.append(_kms_statement(kms_key_arn, region))
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -177,9 +288,42 @@ def ensure_node_role(
     through `call_while_profile_not_ready`. A role or profile of that name not tagged for
     this cluster is refused. `kms_key_arn` must be a key ARN (`resolve_kms_key`).
     """
-    name = node_role_name(cluster)
     account = call(sts.get_caller_identity)["Account"]
     document = node_policy(cluster, region, account, kms_key_arn, s3_buckets)
+    return _ensure_role(iam, node_role_name(cluster), POLICY_NAME, document, cluster, "nodes read their join bundle")
+
+
+def ensure_head_role(
+    iam,
+    sts,
+    cluster: str,
+    region: str,
+    *,
+    subnet_id: str,
+    security_group_id: str,
+    image_id: str,
+    launch_template_ids: list[str] | tuple[str, ...] = (),
+    kms_key_arn: str | None = None,
+) -> tuple[str, str, bool]:
+    """(instance profile name, its ARN, created): the head role and profile (`head_policy`), made to
+    match; as ensure_node_role."""
+    account = call(sts.get_caller_identity)["Account"]
+    document = head_policy(
+        cluster,
+        region,
+        account,
+        subnet_id=subnet_id,
+        security_group_id=security_group_id,
+        image_id=image_id,
+        launch_template_ids=launch_template_ids,
+        kms_key_arn=kms_key_arn,
+    )
+    return _ensure_role(
+        iam, head_role_name(cluster), HEAD_POLICY_NAME, document, cluster, "the head powers elastic nodes up and down"
+    )
+
+
+def _ensure_role(iam, name: str, policy_name: str, document: dict, cluster: str, purpose: str) -> tuple[str, str, bool]:
     cluster_tags = tags.as_list({tags.CLUSTER: cluster})
     created = False
 
@@ -195,7 +339,7 @@ def ensure_node_role(
                 RoleName=name,
                 Path=PATH,
                 AssumeRolePolicyDocument=json.dumps(TRUST_POLICY),
-                Description=f"clusterbake cluster {cluster}: nodes read their join bundle",
+                Description=f"clusterbake cluster {cluster}: {purpose}",
                 Tags=cluster_tags,
             )
             created = True
@@ -206,13 +350,13 @@ def ensure_node_role(
     elif _document(role.get("AssumeRolePolicyDocument")) != TRUST_POLICY:
         call(iam.update_assume_role_policy, RoleName=name, PolicyDocument=json.dumps(TRUST_POLICY))
 
-    current = _get(iam.get_role_policy, "PolicyDocument", RoleName=name, PolicyName=POLICY_NAME)
+    current = _get(iam.get_role_policy, "PolicyDocument", RoleName=name, PolicyName=policy_name)
     if current is None or _document(current) != document:
         call(
             iam.put_role_policy,
             retry_codes=JUST_CREATED,
             RoleName=name,
-            PolicyName=POLICY_NAME,
+            PolicyName=policy_name,
             PolicyDocument=json.dumps(document),
         )
 
@@ -241,9 +385,10 @@ def ensure_node_role(
     return name, profile["Arn"], created
 
 
-def find(iam, cluster: str) -> dict[str, dict]:
-    """{"role": ..., "instance_profile": ...}: those of the cluster's that exist (tagged for it)."""
-    name = node_role_name(cluster)
+def find(iam, cluster: str, name: str | None = None) -> dict[str, dict]:
+    """{"role": ..., "instance_profile": ...}: those of the cluster's that exist (tagged for it);
+    the node role's, or those named `name` (head_role_name)."""
+    name = name or node_role_name(cluster)
     found = {
         "role": _get(iam.get_role, "Role", RoleName=name),
         "instance_profile": _get(iam.get_instance_profile, "InstanceProfile", InstanceProfileName=name),
@@ -271,8 +416,16 @@ def delete_node_role(iam, cluster: str) -> list[str]:
     Role out of the profile, the profile, the role's inline policies, its managed policies
     detached, the role. A second run finds nothing and returns [].
     """
-    name = node_role_name(cluster)
-    found = find(iam, cluster)
+    return _delete_role(iam, cluster, node_role_name(cluster))
+
+
+def delete_head_role(iam, cluster: str) -> list[str]:
+    """Remove the cluster's head role and profile, as delete_node_role."""
+    return _delete_role(iam, cluster, head_role_name(cluster))
+
+
+def _delete_role(iam, cluster: str, name: str) -> list[str]:
+    found = find(iam, cluster, name)
     removed: list[str] = []
     profile = found.get("instance_profile")
     if profile is not None:

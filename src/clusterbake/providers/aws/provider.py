@@ -11,20 +11,23 @@ from clusterbake import remote
 from clusterbake.config import ClusterConfig, NodeGroup
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.inventory import build_inventory
+from clusterbake.plan import NodeSpec, address_pool, assign_addresses, plan_nodes
 from clusterbake.progress import say
-from clusterbake.providers.aws import ami, checks, discover, iam, placement, resources, storage, tags
+from clusterbake.providers.aws import ami, billing, checks, discover, iam, placement, prices, resources, storage, tags
 from clusterbake.providers.aws import secrets as join_secrets
 from clusterbake.providers.aws.ami import find_ami
-from clusterbake.providers.aws.api import aws_errors, call, client, ec2_client
+from clusterbake.providers.aws.api import aws_errors, call, client, ec2_client, paginate
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.aws.launch import BATCH, GroupLaunch, NodeLaunch, launch_groups, wait_for_state
-from clusterbake.providers.aws.userdata import user_data
-from clusterbake.providers.base import NodeStatus, Provider
+from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data, user_data_template
+from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
 from clusterbake.remote import Endpoint
 from clusterbake.state import StateDir
-from clusterbake.topology import NodeSpec, plan_nodes
 
 SSH_READY_TIMEOUT = 600.0
+# AWS reserves the first four addresses of a subnet and the last (the network address and
+# the last are not hosts anyway): nodes start after the third host address.
+RESERVED_FIRST_HOSTS = 3
 # What a `destroy` lists one by one; above that, a count.
 LIST_LIMIT = 20
 
@@ -42,6 +45,7 @@ class AwsProvider(Provider):
         self.aws = config.aws
         self._client = client
         self._zone: str | None = None
+        self._subnet: dict | None = None
         self._infos: dict[str, InstanceTypeInfo] | None = None
         self._clients: dict[str, object] = {}
         self._kms_key_arn: str | None = None
@@ -75,6 +79,44 @@ class AwsProvider(Provider):
         group = self._group(node.nodegroup)
         return group.instance_type if group else self.config.head.instance_type
 
+    @property
+    def subnet(self) -> dict:
+        """aws.subnet_id as DescribeSubnets has it (asked once)."""
+        if self._subnet is None:
+            self._subnet = checks.describe_subnet(self.client, self.config)
+        return self._subnet
+
+    def addresses(self, instances: dict[str, dict] | None = None, in_use: set[str] | None = None) -> dict[str, str]:
+        """Every planned node's private address (head, static and elastic nodes), kept for good.
+
+        Kept in state.json (`nodes.<name>.address`), and an instance's own address wins (a
+        controller without the state file keeps the running nodes' addresses). A new node
+        takes the highest free address of the subnet (EC2 gives out the lowest first), so
+        growing a group never moves another node; `in_use`: addresses other interfaces of
+        the subnet hold, not given to a new node."""
+        kept = {name: node.get("address") for name, node in self.cluster.read_state().get("nodes", {}).items()}
+        kept |= {name: i["PrivateIpAddress"] for name, i in (instances or {}).items() if i.get("PrivateIpAddress")}
+        pool = address_pool(self.subnet["CidrBlock"], skip_first=RESERVED_FIRST_HOSTS, from_top=True)
+        if in_use:
+            keep = set(kept.values())
+            pool = [a for a in pool if a not in in_use or a in keep]
+        return assign_addresses([n.name for n in self.nodes], pool, kept, "aws.subnet_id")
+
+    def _addresses_in_use(self) -> set[str]:
+        """Private addresses of every network interface in the subnet (other clusters', anyone's)."""
+        interfaces = paginate(
+            self.client,
+            "describe_network_interfaces",
+            "NetworkInterfaces",
+            Filters=[{"Name": "subnet-id", "Values": [self.aws.subnet_id]}],
+        )
+        return {
+            address["PrivateIpAddress"]
+            for interface in interfaces
+            for address in interface.get("PrivateIpAddresses", [])
+            if address.get("PrivateIpAddress")
+        }
+
     # --- lifecycle -------------------------------------------------------------------
 
     def find_image(self) -> str:
@@ -82,18 +124,21 @@ class AwsProvider(Provider):
 
     @aws_errors
     def validate(self) -> None:
-        """Subnet, key pair, instance types (region, the subnet's AZ, EFA, spot): read-only calls."""
-        self._zone = checks.subnet_zone(self.client, self.config)
+        """Subnet, key pair, instance types (region, the subnet's AZ, EFA, spot), room in the subnet for
+        every planned node: read-only calls."""
+        self._subnet = checks.describe_subnet(self.client, self.config)
+        self._zone = self._subnet["AvailabilityZone"]
         checks.check_key_pair(self.client, self.config)
         self._infos = checks.check_instance_types(self.client, self.config, self.catalogue, self._zone)
         if self.config.storage:
             storage.check_storage(self.api("efs"), self.api("fsx"), self.api("s3"), self.config.storage)
         _ = self.kms_key_arn  # an unknown aws.kms_key_id is a config error, found before anything is created
+        self.addresses()  # a subnet too small for the planned nodes is a config error
 
     @property
     def zone(self) -> str:
         if self._zone is None:
-            self._zone = checks.subnet_zone(self.client, self.config)
+            self._zone = self.subnet["AvailabilityZone"]
         return self._zone
 
     @property
@@ -123,24 +168,72 @@ class AwsProvider(Provider):
             say(f"    {endpoint['type']} {endpoint['file_system_id']} for storage {name}")
         for group in self.config.node_groups:
             join_secrets.ensure_secret(self.api("secretsmanager"), cluster, group.name, self.aws.kms_key_id)
-        templates = self._ensure_templates(ami_id, group_id, profile)
+        templates = self._ensure_templates(ami_id, group_id, profile, iam.head_role_name(cluster))
+        # The head's role launches and terminates elastic nodes (its power program): from the
+        # compute groups' templates only, passing the node role only.
+        head_profile, _, head_created = iam.ensure_head_role(
+            self.api("iam"),
+            self.api("sts"),
+            cluster,
+            self.aws.region,
+            subnet_id=self.aws.subnet_id,
+            security_group_id=group_id,
+            image_id=ami_id,
+            launch_template_ids=[templates[g.name][0] for g in self.config.node_groups],
+            kms_key_arn=self.kms_key_arn,
+        )
+        say(f"    instance profile {head_profile}{' created' if head_created else ''}")
 
         existing = discover.by_name(discover.cluster_instances(self.client, cluster))
-        self._start_stopped(existing)
+        # Every planned node's address is decided (and kept) now, elastic ones included.
+        addresses = self.addresses(existing, in_use=self._addresses_in_use())
+        if "head" in existing:
+            self._ensure_head_profile(existing["head"], head_profile)
+        static = [n for n in self.nodes if not n.elastic]
+        # Elastic nodes are Slurm's to power up and down: never started here.
+        self._start_stopped({n.name: existing[n.name] for n in static if n.name in existing})
         planned = {n.name for n in self.nodes}
         extra = sorted(set(existing) - planned)
         if extra:
             say(f"    warning: instances not in the config: {', '.join(extra)} (`cluster down` removes them)")
-        missing = [n for n in self.nodes if n.name not in existing]
+        missing = [n for n in static if n.name not in existing]
+        elastic = len(self.nodes) - len(static)
         if missing:
-            self._launch(missing, templates, group_id)
+            self._launch(missing, templates, group_id, addresses)
         else:
-            say(f"    all {len(self.nodes)} nodes exist")
+            say(f"    all {len(static)} nodes exist")
+        if elastic:
+            say(f"    {elastic} elastic node(s) powered up by Slurm for jobs")
         self._forget_replaced_hosts()
-        self._write_state(ami_id, group_id, templates, endpoints)
+        self._write_state(ami_id, group_id, templates, endpoints, addresses)
 
-    def _ensure_templates(self, ami_id: str, group_id: str, profile: str) -> dict[str, tuple[str, str]]:
-        """A launch template per node group and the head: name -> (id, version)."""
+    def _ensure_head_profile(self, head: dict, profile: str) -> None:
+        """A head launched before the head role existed (with the node profile) gets the head's profile."""
+        found = call(
+            self.client.describe_iam_instance_profile_associations,
+            Filters=[{"Name": "instance-id", "Values": [head["InstanceId"]]}],
+        )["IamInstanceProfileAssociations"]
+        current = [a for a in found if a.get("State") in ("associating", "associated")]
+        if current and current[0].get("IamInstanceProfile", {}).get("Arn", "").endswith(f"/{profile}"):
+            return
+        if current:
+            call(
+                self.client.replace_iam_instance_profile_association,
+                AssociationId=current[0]["AssociationId"],
+                IamInstanceProfile={"Name": profile},
+            )
+        else:
+            call(
+                self.client.associate_iam_instance_profile,
+                InstanceId=head["InstanceId"],
+                IamInstanceProfile={"Name": profile},
+            )
+        say(f"    head {head['InstanceId']}: instance profile now {profile}")
+
+    def _ensure_templates(
+        self, ami_id: str, group_id: str, profile: str, head_profile: str
+    ) -> dict[str, tuple[str, str]]:
+        """A launch template per node group and the head (the head with its own profile): name -> (id, version)."""
         cluster = self.config.cluster_name
         sections: list[tuple[str, str, str, NodeGroup | None]] = [
             ("head", "head", self.config.head.instance_type, None)
@@ -164,7 +257,7 @@ class AwsProvider(Provider):
                 spot=bool(group and group.spot),
                 capacity_reservation_id=group.capacity_reservation_id if group else None,
                 key_name=self.aws.key_name,
-                instance_profile=profile,
+                instance_profile=profile if group else head_profile,
             )
             name = resources.template_name(cluster, nodegroup)
             template_id, version, what = resources.ensure_launch_template(self.client, name, data, cluster)
@@ -184,9 +277,14 @@ class AwsProvider(Provider):
             "endpoint_url": self.api("secretsmanager").meta.endpoint_url,
         }
 
-    def _launch(self, missing: list[NodeSpec], templates: dict[str, tuple[str, str]], group_id: str) -> None:
-        """Launch the missing nodes; a node that had an address before gets it back."""
-        known = {name: node.get("address") for name, node in self.cluster.read_state().get("nodes", {}).items()}
+    def _launch(
+        self,
+        missing: list[NodeSpec],
+        templates: dict[str, tuple[str, str]],
+        group_id: str,
+        addresses: dict[str, str],
+    ) -> None:
+        """Launch the missing nodes, each at its planned address (a replaced node gets its own back)."""
         public_key = self.cluster.ssh_key.with_suffix(".pub").read_text().strip()
         batches: dict[str, GroupLaunch] = {}
         for node in missing:
@@ -194,13 +292,11 @@ class AwsProvider(Provider):
                 node.nodegroup, GroupLaunch(node.nodegroup, self._instance_type(node), self.zone)
             )
             template_id, version = templates[node.nodegroup]
-            interfaces = None
-            if known.get(node.name):
-                group = self._group(node.nodegroup)
-                interfaces = resources.network_interfaces(
-                    self.infos[self._instance_type(node)], bool(group and group.efa), self.aws.subnet_id, group_id
-                )
-                interfaces[0]["PrivateIpAddress"] = known[node.name]
+            group = self._group(node.nodegroup)
+            interfaces = resources.network_interfaces(
+                self.infos[self._instance_type(node)], bool(group and group.efa), self.aws.subnet_id, group_id
+            )
+            interfaces[0]["PrivateIpAddress"] = addresses[node.name]
             batch.nodes.append(
                 NodeLaunch(
                     name=node.name,
@@ -230,18 +326,23 @@ class AwsProvider(Provider):
         wait_for_state(self.client, stopped, "running")
 
     def _write_state(
-        self, ami_id: str, group_id: str, templates: dict[str, tuple[str, str]], endpoints: dict[str, dict]
+        self,
+        ami_id: str,
+        group_id: str,
+        templates: dict[str, tuple[str, str]],
+        endpoints: dict[str, dict],
+        addresses: dict[str, str],
     ) -> None:
         instances = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name), warn=False)
-        # A node keeps its address after its instance is gone: its replacement gets it back,
-        # so /etc/hosts and slurm.conf never change for a replaced node.
-        nodes = {
-            name: {"address": node.get("address")}
-            for name, node in self.cluster.read_state().get("nodes", {}).items()
-            if name in {n.name for n in self.nodes}
-        }
+        # Every planned node keeps its address, with or without an instance: a replaced or
+        # powered-up node gets it back, so /etc/hosts and slurm.conf never change for it.
+        nodes: dict[str, dict] = {name: {"address": address} for name, address in addresses.items()}
         for name, instance in instances.items():
-            nodes[name] = {"instance_id": instance["InstanceId"], "address": instance.get("PrivateIpAddress")}
+            if name in nodes:
+                nodes[name] = {
+                    "instance_id": instance["InstanceId"],
+                    "address": instance.get("PrivateIpAddress") or addresses[name],
+                }
         self.cluster.write_state(
             {
                 "cluster": self.config.cluster_name,
@@ -331,14 +432,18 @@ class AwsProvider(Provider):
         template = state["launch_templates"][node.nodegroup]
         templates = {node.nodegroup: (template["id"], template["version"])}
         say(f"    node {name}: no instance, launching a replacement")
-        self.tell_slurm_down(name, "instance gone: replaced by clusterbake node start")
-        self._launch([node], templates, state["security_group"])
+        if not node.elastic:  # an elastic node's state is Slurm's (powered down, or being powered up)
+            self.tell_slurm_down(name, "instance gone: replaced by clusterbake node start")
+        existing = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name), warn=False)
+        addresses = self.addresses(existing)
+        self._launch([node], templates, state["security_group"], addresses)
         self._forget_replaced_hosts()
         self._write_state(
             state["image"],
             state["security_group"],
             templates | self._recorded_templates(state),
             state.get("storage", {}),
+            addresses,
         )
 
     @staticmethod
@@ -393,6 +498,7 @@ class AwsProvider(Provider):
         nodegroups = ["head", *(g.name for g in self.config.node_groups)]
         removed += join_secrets.delete_all(self.api("secretsmanager"), cluster, nodegroups)
         removed += iam.delete_node_role(self.api("iam"), cluster)
+        removed += iam.delete_head_role(self.api("iam"), cluster)
         if self.cluster.root.exists():
             shutil.rmtree(self.cluster.root)
             removed.append(f"state {self.cluster.root}")
@@ -403,11 +509,12 @@ class AwsProvider(Provider):
     @aws_errors
     def status(self) -> list[NodeStatus]:
         existing = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name))
+        addresses = self.addresses(existing)
         result = []
         for node in self.nodes:
             instance = existing.get(node.name)
-            if instance is None:
-                result.append(NodeStatus(node.name, node.role, node.nodegroup, None, "absent"))
+            if instance is None:  # not launched, or an elastic node powered down: its planned address
+                result.append(NodeStatus(node.name, node.role, node.nodegroup, addresses[node.name], "absent"))
                 continue
             state = instance["State"]["Name"]
             shown = "running" if state in ("pending", "running") else "stopped"
@@ -419,10 +526,13 @@ class AwsProvider(Provider):
 
     @aws_errors
     def inventory(self) -> dict:
-        """Running instances tagged clusterbake:cluster (CLUSTERBAKE_CLUSTER or the config's name)."""
+        """Every planned node at its planned address, with `clusterbake_running` (Ansible connects to
+        the head only); instances tagged clusterbake:cluster (CLUSTERBAKE_CLUSTER or the config's
+        name). A cluster without any instance (not provisioned) has no hosts."""
         cluster = os.environ.get("CLUSTERBAKE_CLUSTER") or self.config.cluster_name
-        running = discover.cluster_instances(self.client, cluster, states=("running",))
-        infos = self.catalogue.get({i["InstanceType"] for i in running})
+        instances = discover.cluster_instances(self.client, cluster)
+        types = {self.config.head.instance_type, *(t for g in self.config.node_groups for t in g.types)}
+        infos = self.catalogue.get(types | {i["InstanceType"] for i in instances})
         endpoints = storage.describe_endpoints(
             self.api("efs"), self.api("fsx"), cluster, self.config.storage or [], self.aws.region, self.aws.subnet_id
         )
@@ -434,9 +544,76 @@ class AwsProvider(Provider):
         }
         if any(entry.type == "nfs" for entry in self.config.effective_storage()):
             # The head's NFS exports admit the cluster's subnet (the security group admits only the cluster).
-            subnet = call(self.client.describe_subnets, SubnetIds=[self.aws.subnet_id])["Subnets"][0]
-            extra["clusterbake_subnet_cidr"] = subnet["CidrBlock"]
-        return aws_inventory(self.config, running, infos, extra)
+            extra["clusterbake_subnet_cidr"] = self.subnet["CidrBlock"]
+        if not instances:
+            return aws_inventory(self.config, [], infos, extra)
+        named = discover.by_name(instances, warn=False)
+        addresses = self.addresses(named)
+        if any(g.elastic for g in self.config.node_groups):
+            extra |= {"slurm_power_provider": "aws", "slurm_power_aws": self._power_vars(addresses, infos)}
+        planned = {n.name: self._planned_host_vars(n) for n in self.nodes if n.name not in named}
+        return aws_inventory(self.config, instances, infos, extra, addresses=addresses, planned_vars=planned)
+
+    def _planned_host_vars(self, node: NodeSpec) -> dict:
+        """The aws hostvars of a node without an instance (not launched, or powered down)."""
+        group = self._group(node.nodegroup)
+        placement = None
+        if group is not None and group.wants_placement_group:
+            placement = resources.placement_group_name(self.config.cluster_name, group.name)
+        return {
+            "clusterbake_instance_id": None,
+            "clusterbake_instance_type": self._instance_type(node),
+            "clusterbake_availability_zone": self.zone,
+            "clusterbake_placement_group": placement,
+        }
+
+    def _power_vars(self, addresses: dict[str, str], infos: dict[str, InstanceTypeInfo]) -> dict:
+        """What the head's power program needs to launch elastic nodes (role slurm_power, power.json).
+
+        Per elastic group: its launch template (the latest version: `cluster up` makes the one
+        it launches from the latest), its instance types in order, the network interfaces of
+        each type (resources.network_interfaces; the program puts the node's address on the
+        first), the user data with userdata.NAME_PLACEHOLDER for the node's name, and each
+        elastic node's address. The endpoint is the one this controller uses (the twin's too).
+        """
+        cluster = self.config.cluster_name
+        templates = {
+            t["LaunchTemplateName"]: (t["LaunchTemplateId"], str(t["LatestVersionNumber"]))
+            for t in resources.find_launch_templates(self.client, cluster)
+        }
+        groups = resources.find_security_groups(self.client, cluster)
+        group_id = groups[0]["GroupId"] if groups else None
+        public_key = self.cluster.ssh_key.with_suffix(".pub")
+        keys = [public_key.read_text().strip()] if public_key.exists() else []
+        power_groups = {}
+        for group in self.config.node_groups:
+            elastic = [n for n in self.nodes if n.nodegroup == group.name and n.elastic]
+            template = templates.get(resources.template_name(cluster, group.name))
+            if not elastic or template is None or group_id is None:
+                continue
+            power_groups[group.name] = {
+                "launch_template": {"id": template[0], "version": template[1]},
+                "instance_types": group.types,
+                "network_interfaces": {
+                    t: resources.network_interfaces(infos[t], group.efa, self.aws.subnet_id, group_id)
+                    for t in group.types
+                },
+                "user_data": user_data_template(
+                    cluster=cluster,
+                    ssh_user=self.aws.ssh_user,
+                    authorized_keys=keys,
+                    join=self._join_source(elastic[0]),
+                ),
+                "tags": tags.node_tags(cluster, "compute", group.name),
+                "addresses": {n.name: addresses[n.name] for n in elastic},
+            }
+        return {
+            "cluster": cluster,
+            "region": self.aws.region,
+            "endpoint_url": self.client.meta.endpoint_url,
+            "name_placeholder": NAME_PLACEHOLDER,
+            "groups": power_groups,
+        }
 
     def _connection_vars(self) -> dict:
         return {
@@ -510,40 +687,68 @@ class AwsProvider(Provider):
             say(f"    forgot the host keys of replaced node(s) {', '.join(replaced)}")
         return replaced
 
+    # --- cost guard (billing.py, prices.py) ------------------------------------------
 
-def node_spec(config: ClusterConfig, planned: NodeSpec, info: InstanceTypeInfo) -> NodeSpec:
-    """A host's NodeSpec: names from the plan, the Slurm spec from its instance type."""
-    group = next((g for g in config.node_groups if g.name == planned.nodegroup), None)
-    if planned.role == "head" or group is None:
-        return NodeSpec(planned.name, planned.role, planned.nodegroup, info.slurm_spec(features=[info.name]))
-    efa = group.efa and info.efa_supported
-    switches = list(dict.fromkeys([*group.features, *(["efa"] if efa else []), *(["gpu"] if info.gpus else [])]))
-    slurm = info.slurm_spec(gres=list(group.gres) or None, features=[group.name, *switches, info.name])
-    # NVSwitch types (gpu_systems.py) also go in group `nvswitch`: their join runs the fabric
-    # manager. An inventory group only; the instance type already names them in Slurm.
-    groups = list(dict.fromkeys([*switches, *(["nvswitch"] if info.nvswitch else [])]))
-    return NodeSpec(planned.name, "compute", group.name, slurm, tuple(groups))
+    def _pricing(self):
+        """The Price List Query API's client: its endpoints are in two regions only."""
+        if "pricing" not in self._clients:
+            self._clients["pricing"] = prices.pricing_client(self.aws.region)
+        return self._clients["pricing"]
+
+    @aws_errors
+    def cost(self) -> CostEstimate:
+        """Each running instance of the cluster at its market's price now (unknown where AWS says nothing)."""
+        instances = discover.cluster_instances(self.client, self.config.cluster_name)
+        return billing.estimate(
+            instances,
+            on_demand=lambda instance_type: prices.on_demand(self._pricing(), self.aws.region, instance_type),
+            spot=lambda instance_type, zone: prices.spot(self.client, zone, instance_type),
+        )
+
+    def billing_leftovers(self) -> BillingCheck:
+        """Read-only, after destroy(): instances, EBS volumes, file systems and secrets of the cluster left."""
+        return billing.leftovers(
+            self.client,
+            self.api("efs"),
+            self.api("fsx"),
+            self.api("secretsmanager"),
+            self.config.cluster_name,
+            self.config.storage or [],
+        )
 
 
 def aws_inventory(
-    config: ClusterConfig, instances: list[dict], infos: dict[str, InstanceTypeInfo], extra: dict
+    config: ClusterConfig,
+    instances: list[dict],
+    infos: dict[str, InstanceTypeInfo],
+    extra: dict,
+    addresses: dict[str, str] | None = None,
+    planned_vars: dict[str, dict] | None = None,
 ) -> dict:
-    """The shared inventory shape (inventory.build_inventory) from running instances.
+    """The shared inventory shape (inventory.build_inventory) of the planned nodes.
 
-    Hosts are the config's planned nodes that have a running instance named for them
-    (tag clusterbake:name); `efa` holds the hosts with EFA interfaces (efa: true on an
-    EFA type), `gpu` the hosts whose type has GPUs, `nvswitch` those of an NVSwitch type
-    (clusterbake.gpu_systems), which run the fabric manager.
+    With `addresses` (the provider's planned ones) every planned node is a host, at its
+    address, with `clusterbake_running` and the aws hostvars of its instance (tag
+    clusterbake:name), or `planned_vars` when it has none (not launched, or an elastic node
+    powered down); without, the nodes that have an instance, at the instance's address.
+    `efa` holds the hosts with EFA interfaces (efa: true on an EFA type), `gpu` the hosts
+    whose type has GPUs, `nvswitch` those of an NVSwitch type (clusterbake.gpu_systems),
+    which run the fabric manager.
     """
-    named = discover.by_name(instances)
-    nodes, addresses, hostvars = [], {}, {}
-    for planned in plan_nodes(config):
-        instance = named.get(planned.name)
-        if instance is None or not instance.get("PrivateIpAddress"):
+    named = discover.by_name(instances, warn=False)
+    if addresses is None:
+        addresses = {name: i["PrivateIpAddress"] for name, i in named.items() if i.get("PrivateIpAddress")}
+    nodes, hostvars = [], {}
+    for planned in plan_nodes(config, shapes=infos):
+        if planned.name not in addresses:
             continue
-        nodes.append(node_spec(config, planned, infos[instance["InstanceType"]]))
-        addresses[planned.name] = instance["PrivateIpAddress"]
-        hostvars[planned.name] = discover.host_vars(instance)
+        nodes.append(planned)
+        instance = named.get(planned.name)
+        if instance is not None:
+            hostvars[planned.name] = discover.host_vars(instance)
+        else:
+            hostvars[planned.name] = dict((planned_vars or {}).get(planned.name, {}))
+        hostvars[planned.name]["clusterbake_running"] = bool(instance and instance["State"]["Name"] == "running")
     return build_inventory(config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
 
 

@@ -25,6 +25,10 @@ import yaml
 
 PART_TYPE = "x-clusterbake"
 FORMAT = 1
+# Stands for the node's name in a group's user data template (`user_data_template`): the head's
+# power program (role slurm_power) puts each elastic node's name in its place. Upper case, so it
+# cannot be part of a name, a cluster name or a user name; a plain scalar in YAML and JSON.
+NAME_PLACEHOLDER = "CLUSTERBAKE_NODE_NAME"
 
 
 def user_data(
@@ -55,3 +59,18 @@ def user_data(
     message.attach(MIMEText("#cloud-config\n" + yaml.safe_dump(cloud_config, sort_keys=False), "cloud-config"))
     message.attach(MIMEText(json.dumps(ours, indent=2, sort_keys=True) + "\n", PART_TYPE))
     return message.as_string()
+
+
+def user_data_template(*, cluster: str, ssh_user: str, authorized_keys: list[str], join: dict[str, str] | None) -> str:
+    """The user data of every node of a group, with NAME_PLACEHOLDER for the node's name.
+
+    `template.replace(NAME_PLACEHOLDER, name)` is the node's user data: the MIME parts are
+    7bit text (no encoding a substitution could break, no length to keep), and a name is a
+    plain scalar in the YAML part and a plain string in the JSON part, like the placeholder.
+    """
+    text = user_data(
+        cluster=cluster, hostname=NAME_PLACEHOLDER, ssh_user=ssh_user, authorized_keys=authorized_keys, join=join
+    )
+    if text.count(NAME_PLACEHOLDER) != 2:
+        raise ValueError(f"user data template: {NAME_PLACEHOLDER} must appear exactly twice (the two hostnames)")
+    return text

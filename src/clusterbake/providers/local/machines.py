@@ -197,6 +197,14 @@ def find_machines(prefix: str) -> dict[str, int]:
     return found
 
 
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def sshd_answers(host: str, port: int = 22) -> bool:
     """Whether an sshd is up at host:port (it sends its banner first)."""
     try:

@@ -49,19 +49,6 @@ def host_address(subnet: str) -> ipaddress.IPv4Interface:
     return ipaddress.ip_interface(f"{next(network.hosts())}/{network.prefixlen}")
 
 
-def node_addresses(subnet: str, count: int) -> list[str]:
-    """Fixed addresses: the host takes .1, the head .10, compute nodes follow."""
-    network = ipaddress.ip_network(subnet)
-    hosts = list(network.hosts())
-    first = 9 if network.num_addresses >= 64 else 1
-    if first + count >= len(hosts):
-        raise ConfigError(
-            f"local.subnet: {subnet} has room for {len(hosts) - first - 1} nodes, "
-            f"the config asks for {count}; choose a larger subnet"
-        )
-    return [str(address) for address in hosts[first : first + count]]
-
-
 def link_exists(name: str) -> bool:
     return _ip("link", "show", "dev", name, check=False).returncode == 0
 

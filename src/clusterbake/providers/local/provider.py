@@ -2,21 +2,47 @@
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import os
+import secrets
 import stat
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
+import yaml
+
+from clusterbake import remote
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.inventory import build_inventory
+from clusterbake.plan import address_pool, assign_addresses
 from clusterbake.progress import say
-from clusterbake.providers.base import NodeStatus, Provider
+from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
 from clusterbake.providers.local import machines, network
 from clusterbake.remote import Endpoint
+from clusterbake.state import write_secret
 
 SSH_READY_TIMEOUT = 60.0
+POWER_AGENT_PORT = 6820
+# Where the image keeps the join program and a node its bundle (role node_join's defaults).
+JOIN_PROGRAM = "/usr/local/sbin/clusterbake-node-join"
+JOIN_BUNDLE = "/etc/clusterbake/node-join.json"
+
+
+def write_file(path: Path, text: str) -> None:
+    """Replace a file's content only when it differs (0600: the config may name secrets' paths)."""
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    tmp.replace(path)
+
+
 NVIDIA_MAJOR = 195  # the character device major number of NVIDIA's GPU devices
 
 
@@ -29,8 +55,15 @@ class LocalProvider(Provider):
         return f"{self.machine_prefix}{node}"
 
     def addresses(self) -> dict[str, str]:
-        planned = network.node_addresses(self.config.local.subnet, len(self.nodes))
-        return {node.name: address for node, address in zip(self.nodes, planned, strict=True)}
+        """Every planned node's address, kept for good (state.json): a new node takes the first free
+        one, so growing a group never moves another node."""
+        kept = {name: node.get("address") for name, node in self.cluster.read_state().get("nodes", {}).items()}
+        subnet = self.config.local.subnet
+        # The host takes the first address; in a /26 or larger the head starts at the 10th.
+        skip = 9 if ipaddress.ip_network(subnet).num_addresses >= 64 else 1
+        return assign_addresses(
+            [n.name for n in self.nodes], address_pool(subnet, skip_first=skip), kept, "local.subnet"
+        )
 
     def _paths(self, node: str) -> machines.MachinePaths:
         return machines.MachinePaths(self.cluster.node(node))
@@ -57,7 +90,7 @@ class LocalProvider(Provider):
                 raise ConfigError(
                     f"{field}.memory_mb: {section.memory_mb} is more than this host's {memory_mb} MiB; lower it"
                 )
-        network.node_addresses(self.config.local.subnet, len(self.nodes))
+        self.addresses()
 
     def find_image(self) -> Path:
         from clusterbake.image import find_image
@@ -86,12 +119,16 @@ class LocalProvider(Provider):
                 "provider": "local",
                 "image": str(image),
                 "subnet": self.config.local.subnet,
-                "nodes": {n.name: {"address": a} for n, a in zip(self.nodes, self.addresses().values(), strict=True)},
+                "nodes": {name: {"address": address} for name, address in self.addresses().items()},
             }
         )
+        write_file(self.config_path, yaml.safe_dump(self.config.model_dump(mode="json", exclude_unset=True)))
         network.ensure_bridge(self.config.cluster_name, self.config.local.subnet)
+        if self.elastic:
+            self.ensure_power_agent()
         running = machines.find_machines(self.machine_prefix)
-        started = [n.name for n in self.nodes if self.machine_name(n.name) not in running]
+        # Elastic nodes stay powered down until Slurm asks for them.
+        started = [n.name for n in self.nodes if not n.elastic and self.machine_name(n.name) not in running]
         for name in started:
             self._start(name, image_root)
         self._write_known_hosts()
@@ -212,16 +249,123 @@ class LocalProvider(Provider):
 
     def stop_node(self, name: str) -> None:
         self.node(name)
+        if self.machine_name(name) in machines.find_machines(self.machine_prefix):
+            self.tell_slurm_down(name, "stopped by clusterbake node stop")
+        self.power_off(name)
+
+    def after_configure(self) -> None:
+        """Running compute nodes get their group's join bundle where theirs differs: one command
+        per node, in parallel, no Ansible. A node that boots later takes it from its disk."""
+        running = self.running_nodes()
+        groups: dict[str, list[str]] = {}
+        for node in self.nodes:
+            if node.role == "compute" and node.name in running:
+                groups.setdefault(node.nodegroup, []).append(node.name)
+        applied: list[str] = []
+        for group, names in sorted(groups.items()):
+            path = self.cluster.join_bundles / f"{group}.json"
+            if not path.exists():
+                continue
+            bundle = path.read_bytes()
+            endpoints = {name: self.endpoint(name) for name in names}
+            current = remote.run_many(endpoints, f"sha256sum {JOIN_BUNDLE} 2>/dev/null || true", check=True)
+            failed = {n: r for n, r in current.items() if isinstance(r, Exception)}
+            if failed:
+                raise ClusterbakeError(
+                    "cannot compare the join bundle on "
+                    + "; ".join(f"{n}: {str(e).splitlines()[0]}" for n, e in sorted(failed.items()))
+                )
+            digest = hashlib.sha256(bundle).hexdigest()
+            drifted = {n: e for n, e in endpoints.items() if current[n].stdout.decode().split()[:1] != [digest]}
+            results = remote.run_many(drifted, [JOIN_PROGRAM, "--install", "--bundle", JOIN_BUNDLE], stdin=bundle)
+            broken = {n: r for n, r in results.items() if isinstance(r, Exception) or r.returncode != 0}
+            if broken:
+                raise ClusterbakeError(
+                    "joining failed on " + "; ".join(f"{n}: {_first_error(r)}" for n, r in sorted(broken.items()))
+                )
+            applied += sorted(drifted)
+        if applied:
+            say(f"    join bundle applied on {', '.join(applied)} (theirs differed)")
+
+    # --- power (the power agent's side: no SSH wait, no Slurm update) ------------------
+
+    def power_on(self, name: str) -> None:
+        """Boot a node; it joins by itself from its group's bundle (written into it first)."""
+        self.node(name)
+        if self.machine_name(name) not in machines.find_machines(self.machine_prefix):
+            self._start(name)
+
+    def power_off(self, name: str) -> None:
+        """Halt a node and release its mounts and cgroups; its disk stays (like a stopped instance)."""
         pid = machines.find_machines(self.machine_prefix).get(self.machine_name(name))
         if pid:
-            self.tell_slurm_down(name, "stopped by clusterbake node stop")
             machines.stop(pid)
         machines.remove_cgroups(self.machine_name(name))
         machines.unmount_tree(self._paths(name).root)
 
+    def refresh_known_hosts(self) -> None:
+        self._write_known_hosts()
+
+    def running_nodes(self) -> set[str]:
+        return {m[len(self.machine_prefix) :] for m in machines.find_machines(self.machine_prefix)}
+
+    @property
+    def elastic(self) -> bool:
+        return any(n.elastic for n in self.nodes)
+
+    def _agent_pid(self) -> int | None:
+        path = self.cluster.root / "power-agent.pid"
+        try:
+            pid = int(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if machines.alive(pid) else None
+
+    def ensure_power_agent(self) -> None:
+        """The host-side service the head's ResumeProgram and SuspendProgram call (power_agent.py)."""
+        if self._agent_pid() is not None:
+            return
+        write_secret(self.power_token_file, lambda: secrets.token_hex(32).encode())
+        log = self.cluster.logs / "power-agent.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            sys.executable, "-m", "clusterbake.providers.local.power_agent",
+            "--config", str(self.config_path), "--state", str(self.state.root),
+            "--address", str(network.host_address(self.config.local.subnet).ip), "--port", str(POWER_AGENT_PORT),
+            "--token-file", str(self.power_token_file),
+        ]  # fmt: skip
+        with log.open("ab") as out, open(os.devnull, "rb") as devnull:
+            process = subprocess.Popen(argv, stdin=devnull, stdout=out, stderr=out, start_new_session=True)
+        (self.cluster.root / "power-agent.pid").write_text(f"{process.pid}\n")
+        deadline = time.monotonic() + 20
+        address = str(network.host_address(self.config.local.subnet).ip)
+        while not machines.port_open(address, POWER_AGENT_PORT):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise ClusterbakeError(f"the power agent did not start; see {log}")
+            time.sleep(0.1)
+        say(f"    power agent for elastic nodes at {address}:{POWER_AGENT_PORT}")
+
+    def stop_power_agent(self) -> bool:
+        pid = self._agent_pid()
+        if pid is None:
+            return False
+        machines.stop(pid, timeout=5.0)
+        return True
+
+    @property
+    def config_path(self) -> Path:
+        """The config this cluster runs with (written by provision), for the power agent."""
+        return self.cluster.root / "config.yaml"
+
+    @property
+    def power_token_file(self) -> Path:
+        return self.cluster.root / "secrets" / "power.token"
+
     def destroy(self) -> list[str]:
         """Stop every node (also ones a lost state file no longer names), then remove all."""
         removed = []
+        if self.stop_power_agent():
+            removed.append("power agent")
         running = machines.find_machines(self.machine_prefix)
         for machine, pid in sorted(running.items()):
             machines.stop(pid)
@@ -266,9 +410,12 @@ class LocalProvider(Provider):
         return result
 
     def inventory(self) -> dict:
+        """Every planned node (running or not: Ansible connects to the head only)."""
         running = machines.find_machines(self.machine_prefix)
-        addresses = {name: address for name, address in self.addresses().items() if self.machine_name(name) in running}
-        return build_inventory(self.config, self.nodes, addresses, extra_vars=self._connection_vars())
+        hostvars = {n.name: {"clusterbake_running": self.machine_name(n.name) in running} for n in self.nodes}
+        return build_inventory(
+            self.config, self.nodes, self.addresses(), extra_vars=self._connection_vars(), extra_hostvars=hostvars
+        )
 
     def _connection_vars(self) -> dict:
         return {
@@ -277,7 +424,14 @@ class LocalProvider(Provider):
             "ansible_ssh_common_args": " ".join(self._ssh_options()),
             "munge_key_file": str(self.cluster.munge_key),
             "node_join_controller_dir": str(self.cluster.join_bundles),
+            # Compute nodes join from their bundle: at boot, or pushed by after_configure.
+            "node_join_self_join": True,
             "fabric_socket_ifname": "host0",
+            # Containers report the host's boot time: slurmd -b tells slurmctld it (re)booted now.
+            "slurm_slurmd_extra_options": ["-b"],
+            # Elastic nodes: the head's power programs call the host's power agent.
+            "slurm_power_agent_url": f"http://{network.host_address(self.config.local.subnet).ip}:{POWER_AGENT_PORT}",
+            "slurm_power_token_controller_file": str(self.power_token_file),
         }
 
     def _ssh_options(self) -> list[str]:
@@ -303,3 +457,18 @@ class LocalProvider(Provider):
             known_hosts=self.cluster.known_hosts,
             host_key_policy="pinned",
         )
+
+    # --- cost ------------------------------------------------------------------------
+
+    def cost(self) -> CostEstimate:
+        return CostEstimate(note="local: the nodes run on this machine; nothing bills by the hour")
+
+    def billing_leftovers(self) -> BillingCheck:
+        return BillingCheck(note="local: nothing bills")
+
+
+def _first_error(result) -> str:
+    if isinstance(result, Exception):
+        return str(result).splitlines()[0]
+    text = result.stderr.decode(errors="replace").strip().splitlines()
+    return text[-1] if text else f"exit status {result.returncode}"

@@ -120,6 +120,8 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
         ]  # fmt: skip
         # The twin is the cloud, not a client of one: none of the caller's AWS settings apply to it.
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        # EC2's capacity, as tests set it (PUT /capacity on the control socket): moto_ext's switch.
+        env["MOTO_CAPACITY_FILE"] = str(directory / "capacity.json")
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env
         )

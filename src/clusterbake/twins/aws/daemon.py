@@ -13,8 +13,12 @@ session of its own, logging to <twin dir>/twin.log. One process, threads:
 - the node keeper: every instance launched from one of the twin's AMIs becomes a
   node (nodes.py) and follows the instance's state within a fraction of a second;
   a node that powers itself off stops its instance, as EC2 does;
-- a control socket for tests and the CLI (control.py): status, and spot
-  interruption / rebalance notices on an instance's metadata.
+- a control socket for tests and the CLI (control.py): status, spot interruption /
+  rebalance notices on an instance's metadata, and EC2's capacity per instance type
+  (`PUT /capacity {"c7a.large": 0}`: RunInstances fails with InsufficientInstanceCapacity
+  beyond that many non-terminated instances of the type; `DELETE /capacity`: no limit;
+  `GET /capacity`). The limits are the file $MOTO_CAPACITY_FILE (`twin up` sets it to
+  <twin dir>/capacity.json), which moto_ext reads at each RunInstances.
 
 The ids of the twin's VPC, subnet and AMI are the same on every start (moto's random
 source is seeded before they are created), so a config file can name them.
@@ -476,6 +480,29 @@ class Twin:
         log(f"notice {kind} on {instance_id}: {notices.get(kind)}")
         return notices
 
+    @property
+    def capacity_file(self) -> Path:
+        return Path(os.environ.get("MOTO_CAPACITY_FILE") or self.root / "capacity.json")
+
+    def capacity(self) -> dict[str, int]:
+        try:
+            return json.loads(self.capacity_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def set_capacity(self, limits: dict[str, Any] | None) -> dict[str, int]:
+        if limits is None:
+            self.capacity_file.unlink(missing_ok=True)
+            log("capacity: no limits")
+            return {}
+        if not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in limits.items()):
+            raise ValueError('expected {"instance type": count, ...} with counts >= 0')
+        tmp = self.capacity_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(limits, sort_keys=True))
+        tmp.replace(self.capacity_file)
+        log(f"capacity: {limits}")
+        return limits
+
     def serve_control(self, path: Path) -> None:
         twin = self
 
@@ -494,6 +521,8 @@ class Twin:
             def do_GET(self) -> None:
                 if self.path == "/status":
                     self._answer(HTTPStatus.OK, twin.status())
+                elif self.path == "/capacity":
+                    self._answer(HTTPStatus.OK, twin.capacity())
                 else:
                     self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
 
@@ -509,9 +538,19 @@ class Twin:
 
             def do_PUT(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
-                self._notice(json.loads(self.rfile.read(length) or b"{}"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if self.path == "/capacity":
+                    try:
+                        self._answer(HTTPStatus.OK, twin.set_capacity(body))
+                    except (ValueError, AttributeError) as exc:
+                        self._answer(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+                    return
+                self._notice(body)
 
             def do_DELETE(self) -> None:
+                if self.path == "/capacity":
+                    self._answer(HTTPStatus.OK, twin.set_capacity(None))
+                    return
                 self._notice(None)
 
         class Server(ThreadingMixIn, UnixStreamServer):

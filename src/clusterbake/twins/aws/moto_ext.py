@@ -18,6 +18,18 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   capacity for a type; moto never does. When the file named by $MOTO_CAPACITY_FILE
   exists ({"p5.48xlarge": 1}), RunInstances fails with that error once the number of
   non-terminated instances of the type would exceed the limit.
+- Addresses in use: EC2 refuses RunInstances with InvalidIPAddress.InUse when a requested
+  private address is held by another instance's interface in the subnet (an instance
+  that is not terminated yet keeps it); moto gives one address to two instances.
+- IAM resources of EC2 calls: with IAM authorization on, moto checks every EC2 call against
+  resource `*`, so a policy that names ARNs (the head role's, iam.py) would deny
+  everything. Here RunInstances is checked against each resource EC2 checks that the
+  request names: `instance/*`, the launch template, the subnet and security groups of its
+  interfaces and the image (the template's, unless the request names one), and, when
+  an instance profile comes with it (request or template), `iam:PassRole` of the
+  profile's role, which EC2 checks and moto does not; TerminateInstances and CreateTags
+  against each instance (and interface, volume) they name. Other EC2 calls stay checked
+  against `*`. Conditions are not evaluated (moto's own limit: a condition never denies).
 - IAM resources of Secrets Manager calls: with IAM authorization on, moto checks every
   Secrets Manager call against resource `*`, so a policy that names secret ARNs (the
   only kind clusterbake writes) would deny everything. The resource is the secret's
@@ -38,7 +50,7 @@ import uuid
 from moto.core.responses import ActionResult, EmptyResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
-from moto.iam.access_control import IAMRequestBase
+from moto.iam.access_control import IAMRequest, IAMRequestBase
 from moto.secretsmanager.responses import SecretsManagerResponse
 
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
@@ -133,13 +145,119 @@ def _check_capacity(response: EC2Response) -> None:
         )
 
 
+def _requested_addresses(response: EC2Response) -> list[str]:
+    addresses = [response._get_param("PrivateIpAddress")]
+    for interface in response._get_param("NetworkInterfaces", []) or []:
+        addresses.append(interface.get("PrivateIpAddress"))
+        addresses += [a.get("PrivateIpAddress") for a in interface.get("PrivateIpAddresses", []) or []]
+    return [a for a in addresses if a]
+
+
+def _check_addresses(response: EC2Response) -> None:
+    wanted = set(_requested_addresses(response))
+    if not wanted:
+        return
+    for reservation in response.ec2_backend.all_reservations():
+        for instance in reservation.instances:
+            if instance.state != "terminated" and instance.private_ip in wanted:
+                raise EC2ClientError("InvalidIPAddress.InUse", f"Address {instance.private_ip} is in use.")
+
+
 _run_instances = EC2Response.run_instances
 
 
 def run_instances(self: EC2Response) -> ActionResult:
     _check_capacity(self)
     _apply_launch_template(self)
+    _check_addresses(self)
     return _run_instances(self)
+
+
+# --- IAM resources of EC2 calls -------------------------------------------------------
+
+_RESOURCE_PREFIXES = {"i-": "instance", "eni-": "network-interface", "vol-": "volume", "sir-": "spot-instances-request"}
+
+
+def _ec2_arn(response: EC2Response, kind: str, resource_id: str) -> str:
+    if kind == "image":
+        return f"arn:aws:ec2:{response.region}::image/{resource_id}"
+    return f"arn:aws:ec2:{response.region}:{response.current_account}:{kind}/{resource_id}"
+
+
+def _run_instances_resources(response: EC2Response) -> list[str]:
+    template_ref = response._get_param("LaunchTemplate", {}) or {}
+    data: dict = {}
+    resources = [_ec2_arn(response, "instance", "*")]
+    if template_ref:
+        version = response.ec2_backend._get_template_from_args(template_ref)
+        data = version.data
+        resources.append(_ec2_arn(response, "launch-template", version.template.id))
+    interfaces = response._get_param("NetworkInterfaces", []) or data.get("NetworkInterfaces", []) or []
+    subnets = {response._get_param("SubnetId")} | {i.get("SubnetId") for i in interfaces}
+    groups = set(response._get_param("SecurityGroupIds", []) or data.get("SecurityGroupIds", []) or [])
+    for interface in interfaces:
+        groups |= set(interface.get("Groups", []) or interface.get("SecurityGroupIds", []) or [])
+    resources += [_ec2_arn(response, "subnet", s) for s in sorted(subnets - {None})]
+    resources += [_ec2_arn(response, "security-group", g) for g in sorted(groups)]
+    image = response._get_param("ImageId") or data.get("ImageId")
+    if image:
+        resources.append(_ec2_arn(response, "image", image))
+    return resources
+
+
+def _ec2_resources(response: EC2Response) -> list[str]:
+    action = response._get_action()
+    if action == "RunInstances":
+        return _run_instances_resources(response)
+    if action == "TerminateInstances":
+        return [_ec2_arn(response, "instance", i) for i in response._get_param("InstanceIds", []) or []] or ["*"]
+    if action == "CreateTags":
+        named = []
+        for resource_id in response._get_param("Resources", []) or []:
+            kind = next((k for p, k in _RESOURCE_PREFIXES.items() if resource_id.startswith(p)), None)
+            named.append(_ec2_arn(response, kind, resource_id) if kind else "*")
+        return named or ["*"]
+    return ["*"]
+
+
+def _passed_role(response: EC2Response) -> str | None:
+    """The ARN of the role an instance profile of this RunInstances passes to EC2 (None: none)."""
+    if response._get_action() != "RunInstances":
+        return None
+    profile = response._get_param("IamInstanceProfile", {}) or {}
+    template_ref = response._get_param("LaunchTemplate", {}) or {}
+    if not profile and template_ref:
+        profile = response.ec2_backend._get_template_from_args(template_ref).data.get("IamInstanceProfile") or {}
+    if not profile:
+        return None
+    from moto.iam.models import iam_backends
+
+    iam = iam_backends[response.current_account]["aws"]
+    try:
+        found = (
+            iam.get_instance_profile_by_arn(profile["Arn"])
+            if profile.get("Arn")
+            else iam.get_instance_profile(profile.get("Name", ""))
+        )
+    except Exception:
+        return None  # EC2 answers an unknown profile itself
+    return found.roles[0].arn if found.roles else None
+
+
+class _PassRoleRequest(IAMRequest):
+    """An IAM check of iam:PassRole on behalf of the EC2 call being made."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._action = "iam:PassRole"
+
+
+def authorize_ec2(self: EC2Response, resource: str = "*") -> None:
+    for each in _ec2_resources(self):
+        self._authenticate_and_authorize_action(IAMRequest, each)
+    role = _passed_role(self)
+    if role:
+        self._authenticate_and_authorize_action(_PassRoleRequest, role)
 
 
 def _secret_resource(self: SecretsManagerResponse) -> str:
@@ -170,5 +288,6 @@ def install() -> None:
     EC2Response.describe_placement_groups = describe_placement_groups
     EC2Response.delete_placement_group = delete_placement_group
     EC2Response.run_instances = run_instances
+    EC2Response._authenticate_and_authorize_normal_action = authorize_ec2
     SecretsManagerResponse._determine_resource = _secret_resource
     IAMRequestBase._create_aws_request = create_aws_request

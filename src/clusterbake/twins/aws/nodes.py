@@ -9,6 +9,12 @@ machine UUID per instance, and the initial hostname EC2 gives (`ip-10-90-0-5`).
 Users, keys and the node's name come from the image's own boot service reading the
 instance metadata and user data, as on EC2.
 
+Boot time: a container sees the host's uptime, so slurmd would report the host's boot
+time, and slurmctld keeps waiting for a node Slurm powered up to boot ("Still waiting
+for boot of node"): each node gets a slurmd drop-in that adds `-b` (report the start of
+slurmd as the boot, which on a node that just booted it is), as an instance booting
+now would report.
+
 Shared file systems: this kernel has no NFS or Lustre client, so each node also gets
 the twin's storage directory and a mount helper for `nfs`/`nfs4`/`lustre` that binds
 the file system's directory instead (see docs/twin.md: what the twin cannot show).
@@ -31,6 +37,14 @@ IFNAME = "ens5"
 METADATA_ADDRESS = "169.254.169.254"
 STORAGE_INSIDE = "/run/clusterbake-twin/storage"
 MOUNT_HELPERS = ("/usr/sbin/mount.nfs", "/usr/sbin/mount.nfs4", "/usr/sbin/mount.lustre")
+# After the image's own drop-ins (role slurm's clusterbake.conf); ExecStart as Debian 12's unit has it.
+SLURMD_DROP_IN = "/etc/systemd/system/slurmd.service.d/zz-clusterbake-twin.conf"
+SLURMD_BOOT_TIME = """# The EC2 twin: a node is a container that sees the host's uptime; -b makes slurmd report
+# its start as the node's boot, as an instance that boots now would (nodes.py).
+[Service]
+ExecStart=
+ExecStart=/usr/sbin/slurmd -D -s $SLURMD_OPTIONS -b
+"""
 
 
 @dataclass(frozen=True)
@@ -85,13 +99,16 @@ class Nodes:
         paths = self.paths(instance.instance_id)
         machines.mount_overlay(instance.image_root, paths)
         self.storage.mkdir(parents=True, exist_ok=True)
+        drop_in = self.root / "slurmd-boot-time.conf"
+        if not drop_in.exists() or drop_in.read_text() != SLURMD_BOOT_TIME:
+            drop_in.write_text(SLURMD_BOOT_TIME)
         argv = machines.nspawn_argv(
             self.machine(instance.instance_id),
             ec2_hostname(instance.address),
             paths.root,
             netns,
             {STORAGE_INSIDE: self.storage},
-            readonly_binds={helper: self.mount_helper for helper in MOUNT_HELPERS},
+            readonly_binds={**{helper: self.mount_helper for helper in MOUNT_HELPERS}, SLURMD_DROP_IN: drop_in},
             uuid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ec2:{instance.instance_id}")),
         )
         machines.spawn(argv, self.machine(instance.instance_id), paths.console_log)

@@ -1,0 +1,166 @@
+"""The local provider's power agent: the host-side service that starts and stops elastic nodes.
+
+On a cloud, Slurm's ResumeProgram on the head calls the cloud's API; on the local
+provider the "cloud" is this host, so the head's program (role slurm_power,
+`clusterbake-power`) asks this agent, over the cluster's bridge, with a token only
+the head and the controller hold. It listens on the host's bridge address (nothing
+beyond the project's bridge reaches it) and serves:
+
+- `POST /power` {"action": "start" | "stop", "nodes": [...]}: start nodes (each joins
+  by itself from its group's bundle, written into it before boot) or power them off
+  (their disk is kept, like a stopped instance). Answers {"results": {node: "ok" | error}}.
+- `GET /nodes`: {"running": [...], "planned": [...]} (the reconcile loop compares it with Slurm).
+
+Started by `cluster up` when a node group is elastic, stopped by `cluster down`.
+Fault injection for tests: node names listed (one per line) in
+`<cluster dir>/inject/resume-fail` (or `suspend-fail`) are refused with "injected
+failure" when asked to start (stop): a cloud that has no capacity, an API call that
+fails while the instance keeps running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+PORT = 6820
+MAX_BODY = 1 << 20
+
+
+def log(message: str) -> None:
+    print(f"{datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%S')} {message}", flush=True)
+
+
+class Agent:
+    def __init__(self, config_path: Path, state_root: Path, token: str):
+        self.config_path = config_path
+        self.state_root = state_root
+        self.token = token
+        self.lock = threading.Lock()  # one power action at a time: they share known_hosts and state
+
+    def provider(self):
+        from clusterbake.config import load_config
+        from clusterbake.providers.local.provider import LocalProvider
+        from clusterbake.state import StateDir
+
+        # Read the config each time: `cluster up` after a max_count change plans more nodes.
+        return LocalProvider(load_config(self.config_path), StateDir(self.state_root))
+
+    def injected(self, provider, action: str) -> set[str]:
+        path = provider.cluster.root / "inject" / ("resume-fail" if action == "start" else "suspend-fail")
+        return set(path.read_text().split()) if path.exists() else set()
+
+    def power(self, action: str, nodes: list[str]) -> dict[str, str]:
+        with self.lock:
+            provider = self.provider()
+            planned = {n.name for n in provider.nodes if n.role == "compute"}
+            failing = self.injected(provider, action)
+
+            def one(name: str) -> str:
+                if name not in planned:
+                    return f"{name} is not a compute node of cluster {provider.config.cluster_name}"
+                if name in failing:
+                    return f"injected failure (inject/{'resume' if action == 'start' else 'suspend'}-fail)"
+                try:
+                    if action == "start":
+                        provider.power_on(name)
+                    else:
+                        provider.power_off(name)
+                except Exception as exc:
+                    log(f"{action} {name} failed:\n{traceback.format_exc()}")
+                    return f"{type(exc).__name__}: {exc}"
+                return "ok"
+
+            with ThreadPoolExecutor(max_workers=min(16, max(1, len(nodes)))) as pool:
+                results = dict(zip(nodes, pool.map(one, nodes), strict=True))
+            if action == "start":
+                provider.refresh_known_hosts()
+        for name, result in results.items():
+            log(f"{action} {name}: {result}")
+        return results
+
+    def nodes(self) -> dict[str, Any]:
+        provider = self.provider()
+        return {
+            "running": sorted(provider.running_nodes()),
+            "planned": [n.name for n in provider.nodes if n.role == "compute"],
+        }
+
+
+def serve(agent: Agent, address: str, port: int) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _answer(self, status: int, data: Any) -> None:
+            body = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _authorized(self) -> bool:
+            given = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            if not hmac.compare_digest(given.encode(), agent.token.encode()):
+                self._answer(HTTPStatus.UNAUTHORIZED, {"error": "a valid token is required"})
+                return False
+            return True
+
+        def do_GET(self) -> None:
+            if not self._authorized():
+                return
+            if self.path == "/nodes":
+                self._answer(HTTPStatus.OK, agent.nodes())
+            else:
+                self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
+
+        def do_POST(self) -> None:
+            if not self._authorized():
+                return
+            length = int(self.headers.get("Content-Length", 0))
+            if self.path != "/power" or length > MAX_BODY:
+                self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
+                return
+            try:
+                request = json.loads(self.rfile.read(length))
+                action, nodes = request["action"], list(request["nodes"])
+            except (ValueError, KeyError, TypeError):
+                self._answer(HTTPStatus.BAD_REQUEST, {"error": "expected {action, nodes}"})
+                return
+            if action not in ("start", "stop"):
+                self._answer(HTTPStatus.BAD_REQUEST, {"error": f"unknown action {action}"})
+                return
+            self._answer(HTTPStatus.OK, {"results": agent.power(action, nodes)})
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    server.daemon_threads = True
+    log(f"power agent on http://{address}:{port}")
+    server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the local provider's power agent (started by `cluster up`)")
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--state", required=True, type=Path)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--port", type=int, default=PORT)
+    parser.add_argument("--token-file", required=True, type=Path)
+    args = parser.parse_args(argv)
+    agent = Agent(args.config, args.state, args.token_file.read_text().strip())
+    serve(agent, args.address, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

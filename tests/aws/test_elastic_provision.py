@@ -1,0 +1,320 @@
+"""Elastic node groups on AWS, against moto_server: planned addresses, the inventory of every
+planned node, the head's role, and the head's power program (its aws backend) run in-process.
+
+`cluster up --provision-only` launches the head and the static nodes only; every planned
+node (elastic ones too) has its address from the top of the subnet, kept in state.json.
+The inventory's `slurm_power_aws` is what role slurm_power writes to the head's
+/etc/clusterbake/power.json: the tests hand it to the program's AwsBackend, which then
+launches and terminates instances on the same moto_server.
+"""
+
+from __future__ import annotations
+
+import base64
+import email
+import importlib.machinery
+import importlib.util
+import ipaddress
+import json
+
+import pytest
+import yaml
+from awstest import REGION, REPO, example_config, inventory, live_instances, provisioned, run_cb, tag_map
+
+from clusterbake.providers.aws.ami import write_record
+from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER
+from clusterbake.state import StateDir
+
+CLUSTER = "elasticaws"
+PROGRAM = REPO / "roles" / "slurm_power" / "files" / "clusterbake-power"
+PLAN = ["head", "cpu-1", "burst-1", "burst-2", "burst-3"]
+
+
+def load_program():
+    """roles/slurm_power/files/clusterbake-power as a module (it has no .py suffix)."""
+    loader = importlib.machinery.SourceFileLoader("clusterbake_power", str(PROGRAM))
+    spec = importlib.util.spec_from_loader("clusterbake_power", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _config(network, max_count=3):
+    return example_config(
+        network,
+        cluster_name=CLUSTER,
+        head={"instance_type": "m7i.large"},
+        node_groups=[
+            {"name": "cpu", "count": 1, "instance_type": "c7a.large"},
+            {
+                "name": "burst",
+                "min_count": 1,
+                "max_count": max_count,
+                "instance_types": ["c7a.large", "m7a.large"],
+                "idle_time": 60,
+            },
+        ],
+        partitions=[],
+        power={"capacity_cooldown": 300},
+    )
+
+
+@pytest.fixture(scope="module")
+def elastic(moto, network, tmp_path_factory):
+    yield from provisioned(moto, tmp_path_factory.mktemp("state-elastic"), network.ami_id, _config(network))
+
+
+@pytest.fixture
+def program(elastic, moto, tmp_path, monkeypatch):
+    """The power program with the inventory's settings, its state file and log under tmp_path."""
+    module = load_program()
+    monkeypatch.setattr(module, "STATE", tmp_path / "state.json")
+    settings = inventory(moto, elastic["state_dir"], elastic["path"])["all"]["vars"]["slurm_power_aws"]
+    config = {"provider": "aws", "capacity_cooldown": 300, "aws": settings, "log": str(tmp_path / "power.log")}
+    backend = module.AwsBackend(config, client=moto.ec2(), sleep=lambda _: None)
+    yield module, backend, tmp_path
+    moto.limit_capacity(None)
+    backend.power("stop", ["burst-2", "burst-3"])
+
+
+def _state(elastic) -> dict:
+    return json.loads((elastic["state_dir"] / "clusters" / CLUSTER / "state.json").read_text())
+
+
+def _planned(elastic, name: str) -> str:
+    return _state(elastic)["nodes"][name]["address"]
+
+
+def _instances(moto) -> dict[str, dict]:
+    return {tag_map(i)["clusterbake:name"]: i for i in live_instances(moto.ec2(), CLUSTER)}
+
+
+def test_up_launches_the_static_nodes_at_their_planned_addresses(moto, elastic):
+    instances = _instances(moto)
+    assert sorted(instances) == ["burst-1", "cpu-1", "head"]
+    assert "1 x c7a.large (burst)" in elastic["first"].stderr
+    assert "2 elastic node(s) powered up by Slurm for jobs" in elastic["first"].stderr
+    planned = {name: node["address"] for name, node in _state(elastic)["nodes"].items()}
+    # Every planned node, elastic ones included, from the top of the subnet in plan order.
+    assert list(planned) == sorted(PLAN)
+    # 10.50.0.0/20 (conftest.make_network): from the top, in plan order, skipping the addresses
+    # other clusters' instances on this server hold (the tests share the server).
+    numbers = [ipaddress.ip_address(planned[name]) for name in PLAN]
+    assert numbers == sorted(numbers, reverse=True) and len(set(numbers)) == len(PLAN)
+    assert all(ipaddress.ip_address("10.50.15.0") < n <= ipaddress.ip_address("10.50.15.254") for n in numbers)
+    others = {
+        i["PrivateIpAddress"]
+        for r in moto.ec2().describe_instances()["Reservations"]
+        for i in r["Instances"]
+        if tag_map(i).get("clusterbake:cluster") != CLUSTER and i["State"]["Name"] != "terminated"
+    }
+    assert not others & set(planned.values())
+    assert {name: i["PrivateIpAddress"] for name, i in instances.items()} == {name: planned[name] for name in instances}
+    assert instances["burst-1"]["InstanceType"] == "c7a.large"  # the primary type
+
+
+def test_up_again_launches_nothing(moto, elastic):
+    again = run_cb(moto, elastic["state_dir"], elastic["config"], "cluster", "up", "--provision-only")
+    assert "all 3 nodes exist" in again.stderr
+    assert "launching" not in again.stderr and "created" not in again.stderr and "updated" not in again.stderr
+    assert sorted(_instances(moto)) == ["burst-1", "cpu-1", "head"]
+
+
+def test_inventory_lists_every_planned_node(moto, elastic):
+    inv = inventory(moto, elastic["state_dir"], elastic["path"])
+    hostvars = inv["_meta"]["hostvars"]
+    assert inv["slurm_compute"]["hosts"] == ["cpu-1", "burst-1", "burst-2", "burst-3"]
+    assert inv["nodegroup_burst"]["hosts"] == ["burst-1", "burst-2", "burst-3"]
+    planned = {name: node["address"] for name, node in _state(elastic)["nodes"].items()}
+    assert {name: host["ansible_host"] for name, host in hostvars.items()} == planned
+    running = {name: host["clusterbake_running"] for name, host in hostvars.items()}
+    assert running == {"head": True, "cpu-1": True, "burst-1": True, "burst-2": False, "burst-3": False}
+    assert [n for n, h in hostvars.items() if h["clusterbake_elastic"]] == ["burst-2", "burst-3"]
+    assert hostvars["burst-3"]["clusterbake_instance_id"] is None
+    assert hostvars["burst-3"]["clusterbake_instance_type"] == "c7a.large"
+    # The Slurm spec of an elastic node is its primary type's.
+    assert hostvars["burst-3"]["clusterbake_slurm_node"]["real_memory"] == int(4096 * 0.95)
+
+
+def test_inventory_tells_the_head_how_to_launch_elastic_nodes(moto, elastic, network):
+    variables = inventory(moto, elastic["state_dir"], elastic["path"])["all"]["vars"]
+    assert variables["slurm_power_provider"] == "aws"
+    power = variables["slurm_power_aws"]
+    assert (power["cluster"], power["region"], power["endpoint_url"]) == (CLUSTER, REGION, moto.url)
+    assert list(power["groups"]) == ["burst"]  # static groups have nothing to power
+    burst = power["groups"]["burst"]
+    templates = _state(elastic)["launch_templates"]
+    assert burst["launch_template"] == templates["burst"]
+    assert burst["instance_types"] == ["c7a.large", "m7a.large"]
+    addresses = {name: node["address"] for name, node in _state(elastic)["nodes"].items()}
+    assert burst["addresses"] == {"burst-2": addresses["burst-2"], "burst-3": addresses["burst-3"]}
+    group_id = _state(elastic)["security_group"]
+    for instance_type in ("c7a.large", "m7a.large"):
+        assert burst["network_interfaces"][instance_type] == [
+            {"DeviceIndex": 0, "SubnetId": network.subnet_id, "Groups": [group_id], "DeleteOnTermination": True}
+        ]
+    assert burst["tags"] == {
+        "clusterbake:cluster": CLUSTER,
+        "clusterbake:role": "compute",
+        "clusterbake:nodegroup": "burst",
+    }
+    assert power["name_placeholder"] == NAME_PLACEHOLDER and burst["user_data"].count(NAME_PLACEHOLDER) == 2
+
+
+def test_user_data_template_gives_each_node_its_own_name(moto, elastic):
+    """The template with a node's name put in parses as the user data `cluster up` gives a node."""
+    variables = inventory(moto, elastic["state_dir"], elastic["path"])["all"]["vars"]
+    template = variables["slurm_power_aws"]["groups"]["burst"]["user_data"]
+    ec2 = moto.ec2()
+    burst1 = _instances(moto)["burst-1"]
+    launched = base64.b64decode(
+        ec2.describe_instance_attribute(InstanceId=burst1["InstanceId"], Attribute="userData")["UserData"]["Value"]
+    ).decode()
+
+    def parts(text: str) -> dict:
+        message = email.message_from_string(text)
+        return {
+            p.get_content_type(): p.get_payload(decode=True).decode() for p in message.walk() if not p.is_multipart()
+        }
+
+    filled = parts(template.replace(NAME_PLACEHOLDER, "burst-1"))
+    assert filled == parts(launched)  # the same parts (only the MIME boundary differs)
+    assert yaml.safe_load(filled["text/cloud-config"])["hostname"] == "burst-1"
+    assert json.loads(filled["text/x-clusterbake"])["hostname"] == "burst-1"
+
+
+def test_the_head_has_its_own_role_that_may_pass_only_the_node_role(moto, elastic):
+    ec2, iam = moto.ec2(), moto.client("iam")
+
+    def profile_of(name: str) -> str:
+        data = ec2.describe_launch_template_versions(LaunchTemplateName=name, Versions=["$Latest"])
+        return data["LaunchTemplateVersions"][0]["LaunchTemplateData"]["IamInstanceProfile"]["Name"]
+
+    assert profile_of(f"clusterbake-{CLUSTER}-head") == f"clusterbake-{CLUSTER}-head"
+    assert profile_of(f"clusterbake-{CLUSTER}-burst") == f"clusterbake-{CLUSTER}-node"
+    document = iam.get_role_policy(RoleName=f"clusterbake-{CLUSTER}-head", PolicyName="clusterbake-head")
+    statements = {s["Sid"]: s for s in document["PolicyDocument"]["Statement"]}
+    node_role = iam.get_role(RoleName=f"clusterbake-{CLUSTER}-node")["Role"]["Arn"]
+    assert statements["PassNodeRole"]["Action"] == "iam:PassRole"
+    assert statements["PassNodeRole"]["Resource"] == node_role
+    launch = statements["LaunchComputeNodes"]["Resource"]
+    state = _state(elastic)
+    templates = {t["id"] for name, t in state["launch_templates"].items() if name != "head"}
+    assert {r.rsplit("/", 1)[1] for r in launch if ":launch-template/" in r} == templates
+    assert any(r.endswith(f":security-group/{state['security_group']}") for r in launch)
+    assert statements["TerminateClusterNodes"]["Condition"] == {
+        "StringEquals": {"ec2:ResourceTag/clusterbake:cluster": CLUSTER}
+    }
+    assert statements["SeeInstances"]["Resource"] == "*"
+
+
+def test_a_head_launched_with_the_node_profile_gets_the_heads(moto, elastic):
+    """A cluster whose head predates the head role: `cluster up` moves its head to the head's profile."""
+    ec2 = moto.ec2()
+
+    def association():
+        head = _instances(moto)["head"]
+        found = ec2.describe_iam_instance_profile_associations(
+            Filters=[{"Name": "instance-id", "Values": [head["InstanceId"]]}]
+        )["IamInstanceProfileAssociations"]
+        return next(a for a in found if a["State"] in ("associating", "associated"))
+
+    ec2.replace_iam_instance_profile_association(
+        AssociationId=association()["AssociationId"], IamInstanceProfile={"Name": f"clusterbake-{CLUSTER}-node"}
+    )
+    assert association()["IamInstanceProfile"]["Arn"].endswith(f"/clusterbake-{CLUSTER}-node")
+    result = run_cb(moto, elastic["state_dir"], elastic["config"], "cluster", "up", "--provision-only")
+    assert f"instance profile now clusterbake-{CLUSTER}-head" in result.stderr
+    assert association()["IamInstanceProfile"]["Arn"].endswith(f"/clusterbake-{CLUSTER}-head")
+    again = run_cb(moto, elastic["state_dir"], elastic["config"], "cluster", "up", "--provision-only")
+    assert "instance profile now" not in again.stderr
+
+
+def test_program_launches_an_elastic_node_and_terminates_it(moto, elastic, program):
+    _, backend, tmp = program
+    assert backend.running() == {"head", "cpu-1", "burst-1"}
+    assert backend.power("start", ["burst-2"]) == {"burst-2": "ok"}
+    instance = _instances(moto)["burst-2"]
+    assert instance["InstanceType"] == "c7a.large"
+    assert instance["PrivateIpAddress"] == _planned(elastic, "burst-2")
+    assert (
+        tag_map(instance).items()
+        >= {
+            "clusterbake:cluster": CLUSTER,
+            "clusterbake:role": "compute",
+            "clusterbake:nodegroup": "burst",
+            "clusterbake:name": "burst-2",
+            "Name": f"{CLUSTER}-burst-2",
+        }.items()
+    )
+    raw = moto.ec2().describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+    assert '"hostname": "burst-2"' in base64.b64decode(raw["UserData"]["Value"]).decode()
+    assert "burst-2" in backend.running()
+    # A second resume of a node that runs launches nothing.
+    assert backend.power("start", ["burst-2"]) == {"burst-2": "ok"}
+    assert sum(1 for i in live_instances(moto.ec2(), CLUSTER) if tag_map(i)["clusterbake:name"] == "burst-2") == 1
+    assert backend.power("stop", ["burst-2", "burst-3"]) == {"burst-2": "ok", "burst-3": "ok"}
+    assert "burst-2" not in _instances(moto) and "burst-2" not in backend.running()
+    log = (tmp / "power.log").read_text()
+    assert f"resume burst-2: {instance['InstanceId']} c7a.large at {_planned(elastic, 'burst-2')}" in log
+    assert f"terminate burst-2: {instance['InstanceId']}" in log
+
+
+def test_program_falls_over_to_the_next_type_when_ec2_has_no_capacity(moto, elastic, program):
+    _, backend, tmp = program
+    used = sum(1 for i in live_instances(moto.ec2(), CLUSTER) if i["InstanceType"] == "c7a.large")
+    moto.limit_capacity({"c7a.large": used})  # not one more c7a.large
+    assert backend.power("start", ["burst-3"]) == {"burst-3": "ok"}
+    instance = _instances(moto)["burst-3"]
+    address = _planned(elastic, "burst-3")
+    assert instance["InstanceType"] == "m7a.large" and instance["PrivateIpAddress"] == address
+    log = (tmp / "power.log").read_text()
+    assert "resume burst-3: c7a.large: InsufficientInstanceCapacity" in log
+    assert "c7a.large skipped for 300s, trying m7a.large" in log
+    assert f"resume burst-3: {instance['InstanceId']} m7a.large at {address} (fallback: c7a.large: " in log
+    # The cool-down is in the program's state file: the next resume skips c7a.large at once.
+    state = json.loads((tmp / "state.json").read_text())
+    assert list(state["capacity"]) == ["c7a.large"]
+    assert state["capacity"]["c7a.large"]["code"] == "InsufficientInstanceCapacity"
+
+
+def test_program_reports_the_ec2_error_when_no_type_has_capacity(moto, elastic, program):
+    _, backend, _ = program
+    moto.limit_capacity({"c7a.large": 0, "m7a.large": 0})
+    result = backend.power("start", ["burst-2"])["burst-2"]
+    assert result.startswith(
+        "no capacity (c7a.large: InsufficientInstanceCapacity; m7a.large: InsufficientInstanceCapacity)"
+    )
+    assert "We currently do not have sufficient m7a.large capacity" in result
+    assert "burst-2" not in _instances(moto)
+    # Within the cool-down neither type is asked again.
+    again = backend.power("start", ["burst-2"])["burst-2"]
+    assert again.startswith("no capacity (c7a.large: InsufficientInstanceCapacity until ")
+    assert "; m7a.large: InsufficientInstanceCapacity until " in again
+    assert again.endswith(
+        "): We currently do not have sufficient m7a.large capacity in the Availability Zone you "
+        "requested. Our system will be working on provisioning additional capacity."
+    )
+
+
+def test_growing_max_count_keeps_every_address(moto, elastic, network):
+    before = {name: node["address"] for name, node in _state(elastic)["nodes"].items()}
+    grown = _config(network, max_count=5)
+    run_cb(moto, elastic["state_dir"], grown, "cluster", "up", "--provision-only")
+    after = {name: node["address"] for name, node in _state(elastic)["nodes"].items()}
+    assert {name: after[name] for name in before} == before
+    assert sorted(set(after) - set(before)) == ["burst-4", "burst-5"]
+    assert len(set(after.values())) == len(after)
+    assert sorted(_instances(moto)) == ["burst-1", "cpu-1", "head"]  # nothing launched for them
+    run_cb(moto, elastic["state_dir"], elastic["config"], "cluster", "up", "--provision-only")
+
+
+def test_down_removes_the_head_role_too(moto, network, tmp_path):
+    write_record(StateDir(tmp_path), network.ami_id, REGION)
+    config = _config(network) | {"cluster_name": "elasticdown"}
+    run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only")
+    down = run_cb(moto, tmp_path, config, "cluster", "down")
+    assert "removed role clusterbake-elasticdown-head" in down.stderr
+    assert "removed instance profile clusterbake-elasticdown-head" in down.stderr
+    names = [r["RoleName"] for r in moto.client("iam").list_roles()["Roles"]]
+    assert not [n for n in names if "elasticdown" in n]

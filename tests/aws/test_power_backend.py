@@ -1,0 +1,434 @@
+"""The head's power program, aws backend, with botocore's Stubber: the exact EC2 requests and the
+answers moto_server cannot give (an address a terminated instance still holds, throttling,
+an EFA group's interfaces per type), and Slurm's side of a failed resume.
+
+The program (roles/slurm_power/files/clusterbake-power) runs in-process; its state file and
+log are under tmp_path; `scontrol` is replaced by a recorder.
+"""
+
+from __future__ import annotations
+
+import email
+import functools
+import json
+
+import pytest
+import yaml
+from botocore.stub import Stubber
+from moto.ec2.models.instance_types import INSTANCE_TYPES
+from stubbed import ec2_client
+from test_elastic_provision import load_program
+
+from clusterbake.providers.aws import resources
+from clusterbake.providers.aws.catalogue import Catalogue
+from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data, user_data_template
+
+JOIN = {"cloud": "aws", "region": "us-east-1", "secret_id": "clusterbake/pw/join/gpu", "endpoint_url": "https://x"}
+FILTER_CLUSTER = {"Name": "tag:clusterbake:cluster", "Values": ["pw"]}
+LIVE = {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}
+
+
+@functools.cache
+def _settings(types=("p4d.24xlarge", "p4de.24xlarge"), efa=True) -> dict:
+    infos = Catalogue(None, [INSTANCE_TYPES[t] for t in types]).get(types)
+    return {
+        "cluster": "pw",
+        "region": "us-east-1",
+        "endpoint_url": "https://ec2.us-east-1.amazonaws.com",
+        "name_placeholder": NAME_PLACEHOLDER,
+        "groups": {
+            "gpu": {
+                "launch_template": {"id": "lt-0123456789abcdef0", "version": "3"},
+                "instance_types": list(types),
+                "network_interfaces": {
+                    t: resources.network_interfaces(infos[t], efa, "subnet-0123456789abcdef0", "sg-0123456789abcdef0")
+                    for t in types
+                },
+                "user_data": user_data_template(cluster="pw", ssh_user="ubuntu", authorized_keys=["k"], join=JOIN),
+                "tags": {"clusterbake:cluster": "pw", "clusterbake:role": "compute", "clusterbake:nodegroup": "gpu"},
+                "addresses": {"gpu-2": "10.0.0.250", "gpu-3": "10.0.0.249"},
+            }
+        },
+    }
+
+
+@pytest.fixture
+def program(tmp_path, monkeypatch):
+    module = load_program()
+    monkeypatch.setattr(module, "STATE", tmp_path / "state.json")
+    return module
+
+
+def _backend(module, tmp_path, client, sleeps=None, **settings):
+    config = {
+        "provider": "aws",
+        "capacity_cooldown": 600,
+        "aws": _settings(**settings),
+        "log": str(tmp_path / "power.log"),
+    }
+    return module.AwsBackend(config, client=client, sleep=(sleeps if sleeps is not None else []).append)
+
+
+def _describe(stub, names, instances=()):
+    stub.add_response(
+        "describe_instances",
+        {"Reservations": [{"Instances": list(instances)}] if instances else []},
+        {"Filters": [FILTER_CLUSTER, LIVE, {"Name": "tag:clusterbake:name", "Values": sorted(names)}]},
+    )
+
+
+def _run_request(node, instance_type, interfaces):
+    return {
+        "LaunchTemplate": {"LaunchTemplateId": "lt-0123456789abcdef0", "Version": "3"},
+        "InstanceType": instance_type,
+        "MinCount": 1,
+        "MaxCount": 1,
+        "NetworkInterfaces": interfaces,
+        "UserData": _settings()["groups"]["gpu"]["user_data"].replace(NAME_PLACEHOLDER, node),
+        "TagSpecifications": [
+            {
+                "ResourceType": "instance",
+                "Tags": [
+                    {"Key": "clusterbake:cluster", "Value": "pw"},
+                    {"Key": "clusterbake:role", "Value": "compute"},
+                    {"Key": "clusterbake:nodegroup", "Value": "gpu"},
+                    {"Key": "clusterbake:name", "Value": node},
+                    {"Key": "Name", "Value": f"pw-{node}"},
+                ],
+            }
+        ],
+    }
+
+
+class _Token:
+    """Any ClientToken of the program's form for `node` and `instance_type`."""
+
+    def __init__(self, node, instance_type):
+        self.node, self.instance_type = node, instance_type
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, str)
+            and other.startswith("cbp-")
+            and other.endswith(f"-{self.node}-{self.instance_type}")
+            and len(other) <= 64
+        )
+
+    def __repr__(self):
+        return f"<ClientToken cbp-*-{self.node}-{self.instance_type}>"
+
+
+def _expected(node, instance_type, address, settings):
+    interfaces = [dict(i) for i in settings["groups"]["gpu"]["network_interfaces"][instance_type]]
+    interfaces[0]["PrivateIpAddress"] = address
+    request = _run_request(node, instance_type, interfaces)
+    request["ClientToken"] = _Token(node, instance_type)
+    return request
+
+
+def _launched(instance_id, instance_type):
+    return {"Instances": [{"InstanceId": instance_id, "InstanceType": instance_type, "State": {"Name": "pending"}}]}
+
+
+def test_exact_run_instances_request_of_an_efa_node(program, tmp_path):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    settings = _settings()
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        expected = _expected("gpu-2", "p4d.24xlarge", "10.0.0.250", settings)
+        stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"), expected)
+        assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
+        stub.assert_no_pending_responses()
+    interfaces = expected["NetworkInterfaces"]
+    # The AWS guide's layout: ENA primary (with the node's address), an EFA-only interface per EFA card.
+    assert [(i.get("NetworkCardIndex"), i["DeviceIndex"], i.get("InterfaceType")) for i in interfaces] == [
+        (0, 0, None),
+        (0, 1, "efa-only"),
+    ] + [(card, 0, "efa-only") for card in range(1, 4)]
+    assert interfaces[0]["PrivateIpAddress"] == "10.0.0.250"
+    assert all("PrivateIpAddress" not in i for i in interfaces[1:])
+
+
+def test_capacity_fallover_order_and_cool_down(program, tmp_path):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    settings = _settings()
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        stub.add_client_error(
+            "run_instances",
+            "InsufficientInstanceCapacity",
+            "We currently do not have sufficient p4d.24xlarge capacity in the Availability Zone you requested.",
+            http_status_code=500,
+            expected_params=_expected("gpu-2", "p4d.24xlarge", "10.0.0.250", settings),
+        )
+        stub.add_response(
+            "run_instances",
+            _launched("i-0000000000000000b", "p4de.24xlarge"),
+            _expected("gpu-2", "p4de.24xlarge", "10.0.0.250", settings),
+        )
+        assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
+        # The next node within the cool-down goes straight to p4de.24xlarge.
+        _describe(stub, ["gpu-3"])
+        stub.add_response(
+            "run_instances",
+            _launched("i-0000000000000000c", "p4de.24xlarge"),
+            _expected("gpu-3", "p4de.24xlarge", "10.0.0.249", settings),
+        )
+        assert backend.power("start", ["gpu-3"]) == {"gpu-3": "ok"}
+        stub.assert_no_pending_responses()
+    log = (tmp_path / "power.log").read_text()
+    assert "resume gpu-2: p4d.24xlarge: InsufficientInstanceCapacity: We currently do not have" in log
+    assert "p4d.24xlarge skipped for 600s, trying p4de.24xlarge" in log
+    assert "resume gpu-3: p4d.24xlarge skipped until" in log
+
+
+@pytest.mark.parametrize(
+    "code", ["InsufficientCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded"]
+)
+def test_every_capacity_error_falls_over(program, tmp_path, code):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        stub.add_client_error("run_instances", code, "no")
+        stub.add_response("run_instances", _launched("i-0000000000000000b", "p4de.24xlarge"))
+        assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
+
+
+def test_other_errors_do_not_fall_over(program, tmp_path):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        stub.add_client_error("run_instances", "UnauthorizedOperation", "You are not authorized")
+        assert backend.power("start", ["gpu-2"]) == {
+            "gpu-2": "p4d.24xlarge: UnauthorizedOperation: You are not authorized"
+        }
+        stub.assert_no_pending_responses()
+    assert not (tmp_path / "state.json").exists()  # no cool-down for a type that has capacity
+
+
+def test_an_address_a_terminated_instance_still_holds_is_waited_for(program, tmp_path):
+    client = ec2_client()
+    sleeps: list[float] = []
+    backend = _backend(program, tmp_path, client, sleeps=sleeps)
+    settings = _settings()
+    expected = _expected("gpu-2", "p4d.24xlarge", "10.0.0.250", settings)
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        for _ in range(2):
+            stub.add_client_error(
+                "run_instances", "InvalidIPAddress.InUse", "Address 10.0.0.250 is in use.", expected_params=expected
+            )
+        stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"), expected)
+        assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
+        stub.assert_no_pending_responses()
+    assert sleeps == [program.ADDRESS_POLL] * 2
+    assert "10.0.0.250 still in use, waiting" in (tmp_path / "power.log").read_text()
+
+
+def test_an_address_held_longer_than_the_wait_fails_the_node(program, tmp_path):
+    client = ec2_client()
+    clock = iter(range(0, 1000, 30))
+    backend = _backend(program, tmp_path, client)
+    backend.clock = lambda: float(next(clock))
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        for _ in range(4):
+            stub.add_client_error("run_instances", "InvalidIPAddress.InUse", "Address 10.0.0.250 is in use.")
+        result = backend.power("start", ["gpu-2"])["gpu-2"]
+    assert result == "p4d.24xlarge: InvalidIPAddress.InUse: Address 10.0.0.250 is in use."
+
+
+def test_throttling_is_retried(program, tmp_path):
+    client = ec2_client()
+    sleeps: list[float] = []
+    backend = _backend(program, tmp_path, client, sleeps=sleeps)
+    with Stubber(client) as stub:
+        stub.add_client_error("describe_instances", "RequestLimitExceeded", "slow down")
+        _describe(stub, ["gpu-2"])
+        stub.add_client_error("run_instances", "RequestLimitExceeded", "slow down")
+        stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"))
+        assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
+    assert sleeps == [0.5, 0.5]
+
+
+def test_resume_of_a_node_with_a_stopped_instance_terminates_that_first(program, tmp_path):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    stopped = {
+        "InstanceId": "i-00000000000000001",
+        "State": {"Name": "stopped"},
+        "Tags": [{"Key": "clusterbake:name", "Value": "gpu-2"}],
+    }
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"], [stopped])
+        stub.add_response("terminate_instances", {}, {"InstanceIds": ["i-00000000000000001"]})
+        stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"))
+        assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
+        stub.assert_no_pending_responses()
+
+
+def test_suspend_terminates_the_nodes_instances(program, tmp_path):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    instances = [
+        {
+            "InstanceId": f"i-0000000000000000{n}",
+            "State": {"Name": "running"},
+            "Tags": [{"Key": "clusterbake:name", "Value": f"gpu-{n}"}],
+        }
+        for n in (2, 3)
+    ]
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2", "gpu-3"], instances)
+        stub.add_response("terminate_instances", {}, {"InstanceIds": ["i-00000000000000002", "i-00000000000000003"]})
+        assert backend.power("stop", ["gpu-2", "gpu-3"]) == {"gpu-2": "ok", "gpu-3": "ok"}
+        stub.assert_no_pending_responses()
+
+
+def test_running_lists_the_clusters_pending_and_running_nodes(program, tmp_path):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    page = {
+        "Reservations": [
+            {
+                "Instances": [
+                    {"InstanceId": "i-00000000000000001", "Tags": [{"Key": "clusterbake:name", "Value": "head"}]}
+                ]
+            }
+        ],
+        "NextToken": "more",
+    }
+    last = {
+        "Reservations": [
+            {
+                "Instances": [
+                    {"InstanceId": "i-00000000000000002", "Tags": [{"Key": "clusterbake:name", "Value": "gpu-2"}]}
+                ]
+            }
+        ]
+    }
+    states = {"Name": "instance-state-name", "Values": ["pending", "running"]}
+    with Stubber(client) as stub:
+        stub.add_response("describe_instances", page, {"Filters": [FILTER_CLUSTER, states]})
+        stub.add_response("describe_instances", last, {"Filters": [FILTER_CLUSTER, states], "NextToken": "more"})
+        assert backend.running() == {"head", "gpu-2"}
+
+
+def test_a_failed_resume_sets_the_node_down_with_the_ec2_error(program, tmp_path, monkeypatch):
+    """resume(): the node Slurm asked for goes DOWN with EC2's error as the reason (Slurm requeues its job)."""
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    calls: list[tuple] = []
+    monkeypatch.setattr(program, "backend", lambda config: backend)
+    monkeypatch.setattr(program, "expand", lambda hostlist: ["gpu-2"])
+    monkeypatch.setattr(program, "scontrol", lambda *args: calls.append(args) or "")
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        for instance_type in ("p4d.24xlarge", "p4de.24xlarge"):
+            stub.add_client_error(
+                "run_instances",
+                "InsufficientInstanceCapacity",
+                f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you requested.",
+            )
+        assert program.resume(backend.config, "gpu-2") == 1
+    [(node, state, reason)] = [c[1:] for c in calls]
+    assert (node, state) == ("NodeName=gpu-2", "State=DOWN")
+    assert reason.startswith(
+        "Reason=clusterbake: resume failed: no capacity (p4d.24xlarge: InsufficientInstanceCapacity; "
+        "p4de.24xlarge: InsufficientInstanceCapacity): We currently do not have sufficient p4de.24xlarge"
+    )
+    assert len(reason) <= len("Reason=") + 250
+
+
+def test_the_user_data_template_survives_the_substitution():
+    """Every name the config allows, put in the template, gives the user data of that name."""
+    template = user_data_template(cluster="pw", ssh_user="ubuntu", authorized_keys=["ssh-ed25519 AAAA k"], join=JOIN)
+    for name in ("gpu-1", "no-12", "y-3", "a1-b2-4096", "null-1"):
+        filled = email.message_from_string(template.replace(NAME_PLACEHOLDER, name))
+        direct = email.message_from_string(
+            user_data(cluster="pw", hostname=name, ssh_user="ubuntu", authorized_keys=["ssh-ed25519 AAAA k"], join=JOIN)
+        )
+        parts = [
+            [(p.get_content_type(), p.get_payload(decode=True)) for p in m.walk() if not p.is_multipart()]
+            for m in (filled, direct)
+        ]
+        assert parts[0] == parts[1]
+        assert yaml.safe_load(parts[0][0][1])["hostname"] == name
+        assert json.loads(parts[0][1][1])["hostname"] == name
+
+
+def test_many_nodes_are_looked_up_200_names_a_call(program, tmp_path):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    names = sorted(f"gpu-{n}" for n in range(1, 251))
+    with Stubber(client) as stub:
+        _describe(stub, names[:200])
+        _describe(stub, names[200:])
+        assert backend.power("stop", names) == dict.fromkeys(names, "ok")
+        stub.assert_no_pending_responses()
+
+
+@pytest.mark.parametrize(("state", "action"), [("down~", "State=RESUME"), ("down#", "State=POWER_DOWN")])
+def test_reconcile_returns_a_node_a_failed_resume_left_down(program, tmp_path, monkeypatch, state, action):
+    """A node set DOWN while powering up (down#) is powered down, not resumed: RESUME would leave
+    it powering up (idle#) until ResumeTimeout, with no ResumeProgram call."""
+
+    class Backend:
+        stopped: list[str] = []
+
+        def running(self):
+            return set()
+
+        def power(self, what, nodes):
+            self.stopped += nodes
+            return dict.fromkeys(nodes, "ok")
+
+    backend = Backend()
+    calls: list[tuple] = []
+    reason = f"{program.RESUME_FAILED}: no capacity (p4d.24xlarge: InsufficientInstanceCapacity)"
+    monkeypatch.setattr(program, "backend", lambda config: backend)
+    monkeypatch.setattr(program, "scontrol", lambda *args: calls.append(args) or "")
+    monkeypatch.setattr(
+        program, "node_states", lambda: {"gpu-2": {"state": state, "reason": reason, "since": "2020-01-01T00:00:00"}}
+    )
+    config = {"provider": "aws", "elastic_nodes": ["gpu-2"], "failed_node_cooldown": 15, "log": str(tmp_path / "log")}
+    assert program.reconcile(config) == 0
+    assert backend.stopped == ["gpu-2"]
+    assert calls == [("update", "NodeName=gpu-2", action)]
+
+
+def test_resume_logs_the_jobs_from_slurms_resume_file(program, tmp_path, monkeypatch):
+    """SLURM_RESUME_FILE (slurm.conf(5), ResumeProgram): the log names the jobs a resume is for."""
+    resume_file = tmp_path / "resume.json"
+    resume_file.write_text(
+        json.dumps(
+            {
+                "all_nodes_resume": "gpu-[2-3]",
+                "jobs": [
+                    {"job_id": 41, "partition": "gpu", "nodes_alloc": "gpu-[1-3]", "nodes_resume": "gpu-[2-3]"},
+                    {"job_id": 42, "partition": "gpu", "nodes_alloc": "gpu-3", "nodes_resume": "gpu-3"},
+                ],
+            }
+        )
+    )
+    monkeypatch.setenv("SLURM_RESUME_FILE", str(resume_file))
+    config = {"log": str(tmp_path / "power.log")}
+
+    class Started:
+        def power(self, action, nodes):
+            return dict.fromkeys(nodes, "ok")
+
+    monkeypatch.setattr(program, "backend", lambda config: Started())
+    monkeypatch.setattr(program, "expand", lambda hostlist: ["gpu-2", "gpu-3"])
+    assert program.resume(config, "gpu-[2-3]") == 0
+    assert (tmp_path / "power.log").read_text().split(" ", 1)[1] == (
+        "resume gpu-2,gpu-3 for job 41 (partition gpu, nodes to power up: gpu-[2-3]); "
+        "job 42 (partition gpu, nodes to power up: gpu-3)\n"
+    )
+    resume_file.write_text("{not json")
+    assert program.resume(config, "gpu-[2-3]") == 0
+    assert "SLURM_RESUME_FILE unreadable" in (tmp_path / "power.log").read_text().splitlines()[-1]

@@ -1,0 +1,133 @@
+"""The planned cluster: names, elastic nodes, addresses kept for good, and slurm.conf of an elastic cluster."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from test_slurm_conf import GOLDEN, LOCAL_PLUGINS, render
+
+from clusterbake.config import ClusterConfig
+from clusterbake.errors import ConfigError
+from clusterbake.inventory import build_inventory
+from clusterbake.plan import address_pool, assign_addresses, plan_nodes
+
+POOL = address_pool("10.77.0.0/24", skip_first=9)
+
+
+def config(*groups) -> ClusterConfig:
+    return ClusterConfig.model_validate({"cluster_name": "plan", "node_groups": list(groups)})
+
+
+def test_static_nodes_first_then_elastic_ones():
+    nodes = plan_nodes(config({"name": "cpu", "min_count": 1, "max_count": 3}, {"name": "gpu", "count": 1}))
+    assert [(n.name, n.elastic) for n in nodes] == [
+        ("head", False), ("cpu-1", False), ("cpu-2", True), ("cpu-3", True), ("gpu-1", False),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "group, message",
+    [
+        ({"name": "a", "count": 1, "max_count": 2}, "not both"),
+        ({"name": "a"}, "count: required"),
+        ({"name": "a", "min_count": 3, "max_count": 2}, "min_count: 3 is more than max_count 2"),
+    ],
+)
+def test_count_or_range(group, message):
+    with pytest.raises(ValueError, match=message):
+        config(group)
+
+
+def test_growing_a_group_never_moves_another_node():
+    before = config({"name": "cpu", "count": 2}, {"name": "gpu", "max_count": 2})
+    names = [n.name for n in plan_nodes(before)]
+    first = assign_addresses(names, POOL, {}, "local.subnet")
+    assert first == {
+        "head": "10.77.0.10", "cpu-1": "10.77.0.11", "cpu-2": "10.77.0.12",
+        "gpu-1": "10.77.0.13", "gpu-2": "10.77.0.14",
+    }  # fmt: skip
+    after = config({"name": "cpu", "count": 4}, {"name": "gpu", "max_count": 3})
+    second = assign_addresses([n.name for n in plan_nodes(after)], POOL, first, "local.subnet")
+    assert {name: second[name] for name in first} == first
+    assert (second["cpu-3"], second["cpu-4"], second["gpu-3"]) == ("10.77.0.15", "10.77.0.16", "10.77.0.17")
+
+
+def test_a_removed_node_frees_its_address_for_the_next_new_one():
+    kept = {"head": "10.77.0.10", "cpu-1": "10.77.0.11", "old-1": "10.77.0.12"}
+    assert assign_addresses(["head", "cpu-1", "new-1"], POOL, kept, "x") == {
+        "head": "10.77.0.10", "cpu-1": "10.77.0.11", "new-1": "10.77.0.12",
+    }  # fmt: skip
+
+
+def test_a_pool_too_small_names_the_field():
+    with pytest.raises(ConfigError, match=r"local\.subnet: room for 3 nodes, the config plans 4"):
+        assign_addresses(["a", "b", "c", "d"], POOL[:3], {}, "local.subnet")
+
+
+def test_cloud_pools_are_taken_from_the_top():
+    assert address_pool("10.90.0.0/24", skip_first=3, from_top=True)[:2] == ["10.90.0.254", "10.90.0.253"]
+
+
+def elastic_inventory() -> dict:
+    cfg = ClusterConfig.model_validate(
+        {
+            "cluster_name": "elastic",
+            "node_groups": [
+                {"name": "cpu", "count": 2},
+                {"name": "burst", "min_count": 1, "max_count": 4, "idle_time": 300},
+                {"name": "big", "max_count": 2, "idle_time": 120, "cpus": 2, "memory_mb": 8192},
+            ],
+            "partitions": [
+                {"name": "cpu", "node_groups": ["cpu", "burst"], "default": True},
+                {"name": "big", "node_groups": ["big"]},
+            ],
+            "power": {"resume_timeout": 300},
+        }
+    )
+    nodes = plan_nodes(cfg)
+    addresses = assign_addresses([n.name for n in nodes], POOL, {}, "local.subnet")
+    inventory = build_inventory(
+        cfg, nodes, addresses, extra_vars={**LOCAL_PLUGINS, "clusterbake_extra_ca_certificates": []}
+    )
+    return {
+        "groups": {name: data["hosts"] for name, data in inventory.items() if name not in ("_meta", "all")},
+        "hostvars": inventory["_meta"]["hostvars"],
+        "vars": inventory["all"]["vars"],
+    }
+
+
+def test_elastic_slurm_conf_matches_golden_file():
+    """slurm.conf(5) and Slurm's power saving guide: elastic nodes State=CLOUD, the power programs,
+    SuspendTime (the shortest idle_time; per partition its own), static nodes in SuspendExcNodes."""
+    rendered = render("slurm.conf.j2", elastic_inventory())
+    golden = GOLDEN / "elastic.slurm.conf"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(rendered)
+    assert rendered == golden.read_text(), f"{golden.name} differs; UPDATE_GOLDEN=1 regenerates it"
+    lines = rendered.splitlines()
+    spec = "CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=2048 Features=burst"
+    assert f"NodeName=burst-1 {spec} State=UNKNOWN" in lines
+    assert f"NodeName=burst-[2-4] {spec} State=CLOUD" in lines
+    assert "SuspendExcNodes=burst-1,cpu-[1-2]" in lines
+    assert "SuspendTime=120" in lines and "ResumeTimeout=300" in lines
+    assert "ResumeProgram=/usr/local/sbin/clusterbake-resume" in lines
+    assert "SlurmctldParameters=enable_configless,idle_on_node_suspend" in lines
+    assert any(line.startswith("PartitionName=cpu ") and " SuspendTime=300 " in line for line in lines)
+    assert any(line.startswith("PartitionName=big ") and " SuspendTime=120 " in line for line in lines)
+
+
+def test_a_static_cluster_has_no_power_settings():
+    cfg = config({"name": "cpu", "count": 2})
+    nodes = plan_nodes(cfg)
+    addresses = assign_addresses([n.name for n in nodes], POOL, {}, "x")
+    inventory = build_inventory(cfg, nodes, addresses, extra_vars={"clusterbake_extra_ca_certificates": []})
+    rendered = render(
+        "slurm.conf.j2",
+        {
+            "groups": {n: d["hosts"] for n, d in inventory.items() if n not in ("_meta", "all")},
+            "hostvars": inventory["_meta"]["hostvars"],
+            "vars": inventory["all"]["vars"],
+        },
+    )
+    assert "ResumeProgram" not in rendered and "State=CLOUD" not in rendered and "SuspendTime" not in rendered
