@@ -92,6 +92,10 @@ def builder_groups(config: ClusterConfig) -> list[str]:
     return builder_groups_for(f for group in config.node_groups for f in group.features)
 
 
+# Builder groups that put a cloud's boot steps (role cloud_boot) into an image.
+CLOUD_BOOT_GROUPS = frozenset({"aws", "azure"})
+
+
 class ImageStore:
     """images/index.json maps an inputs digest to the image built from it."""
 
@@ -108,9 +112,24 @@ class ImageStore:
             return self.dir / name
         return None
 
-    def latest(self) -> Path | None:
+    def latest(self, base: str | None = None, builder_groups: list[str] | None = None) -> Path | None:
+        """The newest local image; with `base` and `builder_groups`, the newest that can stand in
+        for an image of those: the same base, every one of the groups (its components), and no
+        cloud boot group the config lacks (a twin's image waits for a metadata service at boot)."""
         manifests = sorted(self.dir.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
-        return manifests[-1].parent if manifests else None
+        for path in reversed(manifests):
+            try:
+                manifest = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if base is not None and manifest.get("base") != base:
+                continue
+            if builder_groups is not None:
+                has = set(manifest.get("builder_groups") or ())
+                if not has >= set(builder_groups) or (has - set(builder_groups)) & CLOUD_BOOT_GROUPS:
+                    continue
+            return path.parent
+        return None
 
     def record(self, digest: str, name: str) -> None:
         index = self.index()
@@ -126,9 +145,13 @@ def find_image(config: ClusterConfig, state: StateDir) -> Path:
     exact = store.lookup(inputs_digest(config))
     if exact:
         return exact
-    latest = store.latest()
+    groups = builder_groups(config)
+    latest = store.latest(base=config.image.base, builder_groups=groups)
     if latest is None:
-        raise MissingImageError(f"no image found in {store.dir}; run `make image` (clusterbake image build) first")
+        raise MissingImageError(
+            f"no {config.image.base} image with groups {', '.join(groups)} in {store.dir}; "
+            "run `make image` (clusterbake image build) first"
+        )
     say(
         f"    warning: roles, playbooks or image settings changed since {latest.name} was built; "
         "`make image` bakes them in (the configure half runs anyway)"
@@ -295,6 +318,8 @@ def build_image(config: ClusterConfig, state: StateDir, force: bool = False) -> 
                 "git_revision": git_revision(),
                 "inputs_digest": digest,
                 "base": config.image.base,
+                # What the image holds: a stale image is only a stand-in for one of the same groups.
+                "builder_groups": builder_groups(config),
                 "packer_version": packer.packer_version(),
                 "package_pins": dict(config.image.package_pins),
                 "versions": json.loads(versions_file.read_text()),

@@ -81,6 +81,15 @@ def build_inventory(
             "clusterbake_elastic": node.elastic,
             **(extra_hostvars or {}).get(node.name, {}),
         }
+    # The compute play renders each node group's join bundle. Self-joining nodes take it
+    # from the controller (Ansible never connects to them), so one host per group is
+    # enough: Ansible's cost then stays flat however many nodes a group has.
+    if (extra_vars or {}).get("node_join_self_join"):
+        groups["join_bundle_hosts"] = [
+            hosts[0] for name, hosts in groups.items() if name.startswith("nodegroup_") and hosts
+        ]
+    else:
+        groups["join_bundle_hosts"] = list(groups["slurm_compute"])
     inventory: dict = {name: {"hosts": hosts} for name, hosts in groups.items()}
     inventory["all"] = {
         "children": sorted([*groups, "ungrouped"]),

@@ -51,6 +51,16 @@ def test_groups_are_feature_switches():
     assert not set(inv) & set(inv["_meta"]["hostvars"])
 
 
+def test_one_host_per_node_group_renders_the_bundles_of_self_joining_nodes():
+    nodes = plan_nodes(CONFIG)
+    addresses = assign_addresses([n.name for n in nodes], address_pool("10.77.0.0/24", skip_first=9), {}, "x")
+    joined_by_ansible = build_inventory(CONFIG, nodes, addresses)
+    assert joined_by_ansible["join_bundle_hosts"]["hosts"] == ["cpu-1", "cpu-2", "gpu-h100-1"]
+    self_joining = build_inventory(CONFIG, nodes, addresses, extra_vars={"node_join_self_join": True})
+    assert self_joining["join_bundle_hosts"]["hosts"] == ["cpu-1", "gpu-h100-1"]
+    assert self_joining["slurm_compute"]["hosts"] == ["cpu-1", "cpu-2", "gpu-h100-1"]
+
+
 def test_slurm_spec_hostvars():
     hostvars = inventory()["_meta"]["hostvars"]
     assert hostvars["cpu-1"]["clusterbake_slurm_node"] == {
