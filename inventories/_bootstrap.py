@@ -15,7 +15,8 @@ def run(provider: str) -> int:
     except ImportError:
         # Not run from the project's venv: use it if it exists.
         venv_python = REPO / ".venv" / "bin" / "python"
-        if venv_python.exists() and Path(sys.executable).resolve() != venv_python.resolve():
+        # Not resolved paths: the venv's python is a link to the very interpreter it runs.
+        if venv_python.exists() and sys.prefix == sys.base_prefix:
             os.execv(str(venv_python), [str(venv_python), sys.argv[0], *sys.argv[1:]])
         sys.path.insert(0, str(REPO / "src"))
         from clusterbake.inventory_script import main

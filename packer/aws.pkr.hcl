@@ -1,7 +1,7 @@
 # AWS GPU image: an amazon-ebs source on Ubuntu 22.04 or 24.04 (Canonical's
 # AMIs), provisioned by the same ansible/image.yml as the local image, with the
 # builder in the groups that switch the GPU stack on. clusterbake selects it with
-# -only=amazon-ebs.ubuntu (src/clusterbake/packer_aws.py); packer/README.md says
+# -only=amazon-ebs.ubuntu (src/clusterbake/images/aws.py); packer/README.md says
 # how Packer versions are handled.
 #
 # This file must stay loadable by Packer 1.6.6 (Debian's, which validates it
@@ -66,42 +66,10 @@ variable "aws_ssh_interface" {
   description = "How Packer and Ansible reach the builder: public_ip, private_ip, public_dns, private_dns."
 }
 
-# The next four are set by clusterbake; their defaults only let other sources
-# (null.local) and hand-run validations load this file.
-variable "image_name" {
-  type        = string
-  default     = "clusterbake-unnamed"
-  description = "AMI name (clusterbake-<base>-<date>-<git revision>), chosen by clusterbake."
-}
-
-variable "git_revision" {
-  type        = string
-  default     = "unknown"
-  description = "Git revision of the playbooks and roles baked in."
-}
-
-variable "versions_digest" {
-  type        = string
-  default     = "unknown"
-  description = "sha256 of ansible/group_vars/all/versions.yml, the GPU stack's version manifest."
-}
-
-variable "artifacts_dir" {
-  type        = string
-  default     = ""
-  description = "Directory on the controller for the manifest post-processor's JSON and the image's versions.json; empty: build/packer-aws."
-}
-
 variable "aws_ansible_groups" {
   type        = list(string)
   default     = ["slurm_head", "slurm_compute", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3"]
   description = "Inventory groups of the builder: they switch components on (features as groups)."
-}
-
-variable "validate_gpu" {
-  type        = bool
-  default     = true
-  description = "The builder has an NVIDIA GPU: check nvidia-smi, DCGM and an all_reduce_perf run in the build."
 }
 
 variable "validate_efa" {
@@ -110,15 +78,8 @@ variable "validate_efa" {
   description = "The builder has an EFA interface (an EFA type launched with one): check fi_info -p efa in the build."
 }
 
-variable "repo_root" {
-  type        = string
-  default     = ""
-  description = "The clusterbake checkout; empty means the parent of this template's directory."
-}
-
 locals {
-  repo_root     = var.repo_root != "" ? var.repo_root : "${path.root}/.."
-  artifacts_dir = var.artifacts_dir != "" ? var.artifacts_dir : "${local.repo_root}/build/packer-aws"
+  aws_artifacts_dir = var.artifacts_dir != "" ? var.artifacts_dir : "${local.repo_root}/build/packer-aws"
 
   # Canonical's (owner 099720108685) amd64 server AMIs; 24.04 images are gp3 only.
   ubuntu_ami_names = {
@@ -126,7 +87,7 @@ locals {
     "ubuntu-24.04" = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
   }
 
-  image_tags = {
+  aws_image_tags = {
     "Name"                        = var.image_name
     "clusterbake:image"           = var.image_name
     "clusterbake:base"            = var.aws_base
@@ -136,7 +97,7 @@ locals {
   }
 
   # The validation switches of the GPU roles (no GPU or no EFA on the builder).
-  validation_vars = {
+  aws_validation_vars = {
     nvidia_driver_validate = var.validate_gpu
     nccl_validate          = var.validate_gpu
     dcgm_validate          = var.validate_gpu
@@ -183,8 +144,8 @@ source "amazon-ebs" "ubuntu" {
 
   # clusterbake:plugin-settings (packer/plugins/amazon-ebs.plugin-settings.hcl)
 
-  tags          = local.image_tags
-  snapshot_tags = local.image_tags
+  tags          = local.aws_image_tags
+  snapshot_tags = local.aws_image_tags
   run_tags = {
     "Name"              = "clusterbake-builder ${var.image_name}"
     "clusterbake:image" = var.image_name
@@ -215,7 +176,7 @@ build {
     extra_arguments = [
       "--become",
       "--extra-vars", "@${var.image_vars_file}",
-      "--extra-vars", jsonencode(local.validation_vars),
+      "--extra-vars", jsonencode(local.aws_validation_vars),
     ]
     ansible_env_vars = ["ANSIBLE_CONFIG=${local.repo_root}/ansible/ansible.cfg", "ANSIBLE_HOST_KEY_CHECKING=False"]
   }
@@ -224,7 +185,7 @@ build {
   provisioner "file" {
     direction   = "download"
     source      = "/opt/clusterbake/versions.json"
-    destination = "${local.artifacts_dir}/versions.json"
+    destination = "${local.aws_artifacts_dir}/versions.json"
   }
 
   # Per-instance state must not ship: cloud-init reruns, a new machine-id.
@@ -237,7 +198,7 @@ build {
   }
 
   post-processor "manifest" {
-    output     = "${local.artifacts_dir}/packer-manifest.json"
+    output     = "${local.aws_artifacts_dir}/packer-manifest.json"
     strip_path = true
     custom_data = {
       image_name      = var.image_name

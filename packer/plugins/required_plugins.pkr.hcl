@@ -1,5 +1,5 @@
 # The plugins the templates need with Packer >= 1.10 (`packer init packer/plugins`),
-# where amazon-ebs and ansible are no longer built in. Packer 1.6.6 rejects this
+# where amazon-ebs, azure-arm and ansible are no longer built in. Packer 1.6.6 rejects this
 # block, so it lives apart and clusterbake passes it only to newer Packers
 # (packer/README.md).
 packer {
@@ -7,6 +7,10 @@ packer {
     amazon = {
       source  = "github.com/hashicorp/amazon"
       version = ">= 1.3.0"
+    }
+    azure = {
+      source  = "github.com/hashicorp/azure"
+      version = ">= 2.0.0"
     }
     ansible = {
       source  = "github.com/hashicorp/ansible"

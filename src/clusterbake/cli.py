@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -35,37 +36,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
+    from clusterbake.images.base import get_builder
+
     config = _load(args)
     extra_ca_files(config)  # bad paths are input errors: fail before building anything
-    if config.provider == "aws":
-        from clusterbake.packer_aws import DEFAULT_FEATURES, build_aws_image
-
-        features = {*DEFAULT_FEATURES, *(f for group in config.node_groups for f in group.features)}
-        settings = {
-            "region": config.aws.region,
-            "base": config.image.base,
-            "subnet_id": config.aws.subnet_id,
-            "features": sorted(features),
-            "package_pins": dict(config.image.package_pins),
-            "extra_ca_certificates": extra_ca_files(config),
-        }
-        build_aws_image(settings, StateDir.for_config(config).root, force=args.force)
-        return 0
-    from clusterbake.image import build_image
-
-    build_image(config, StateDir.for_config(config), force=args.force)
+    get_builder(config.provider).build(config, StateDir.for_config(config), force=args.force)
     return 0
 
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
-    summary = cluster.up(_load(args), _config_path(args), provision_only=args.provision_only)
+    summary = cluster.up(
+        _load(args), _config_path(args), provision_only=args.provision_only, reconfigure=args.reconfigure
+    )
     if "changed" in summary:
         states = summary["slurm"].values()
         down = sum(1 for state in states if state.endswith("~"))
         powered_down = f", {down} powered down until jobs need them" if down else ""
         print(
             f"cluster {summary['cluster']} is up: {len(states) - down} compute nodes idle{powered_down}, "
-            f"{summary['changed']} changed tasks"
+            f"{summary['changed']} changed tasks" + ("" if summary["played"] else " (nothing to configure)")
         )
     else:
         print(f"cluster {summary['cluster']}: {summary['nodes']} nodes provisioned (--provision-only: not configured)")
@@ -204,13 +193,19 @@ def cmd_job_report(args: argparse.Namespace) -> int:
 
 
 def cmd_twin(args: argparse.Namespace) -> int:
-    from clusterbake.twins.aws import control
+    if args.cloud == "azure":
+        from clusterbake.twins.azure import control
+    else:
+        from clusterbake.twins.aws import control
 
     state = StateDir.for_config(_load(args))
     if args.twin_command == "up":
         for key, value in control.up(_load(args), state).items():
-            print(f"export {key}={value}")
-        say('    use it: eval "$(clusterbake twin up aws)" (prints the lines above), then any clusterbake command')
+            print(f"export {key}={shlex.quote(value)}")
+        say(
+            f'    use it: eval "$(clusterbake twin up {args.cloud})" (prints the lines above), '
+            "then any clusterbake command"
+        )
     elif args.twin_command == "status":
         print(json.dumps(control.status(state), indent=2))
     else:
@@ -239,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     clus = sub.add_parser("cluster", help="cluster lifecycle").add_subparsers(dest="cluster_command", required=True)
     up = clus.add_parser("up", help="create or update the cluster; idempotent")
     up.add_argument("--provision-only", action="store_true", help="create the nodes, skip configuration")
+    up.add_argument(
+        "--reconfigure",
+        action="store_true",
+        help="run the configure play even when nothing changed since the last one (no drift found)",
+    )
     up.set_defaults(func=cmd_cluster_up)
     st = clus.add_parser("status", help="nodes and their Slurm state")
     st.add_argument("--json", action="store_true")
@@ -277,15 +277,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_job_report)
 
     twin = sub.add_parser(
-        "twin", help="a local emulator of a cloud whose instances boot as local nodes (aws: EC2 on moto)"
+        "twin",
+        help="a local emulator of a cloud whose instances boot as local nodes (aws: EC2 on moto; azure: an ARM fake)",
     ).add_subparsers(dest="twin_command", required=True)
     for name, text in (
-        ("up", "start it (builds its node image first); prints the AWS_* environment that points at it"),
+        ("up", "start it (builds its node image first); prints the environment that points the SDK at it"),
         ("status", "the twin's endpoint, ids and instances (JSON)"),
         ("down", "stop it: every node, namespace, the bridge and its state go"),
     ):
         command = twin.add_parser(name, help=text)
-        command.add_argument("cloud", choices=["aws"])
+        command.add_argument("cloud", choices=["aws", "azure"])
         command.set_defaults(func=cmd_twin)
 
     node = sub.add_parser("node", help="stop or start one node")

@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from clusterbake import remote
+from clusterbake import applied, remote
 from clusterbake.ansible import ansible_env, run_playbook
 from clusterbake.config import ClusterConfig, extra_ca_files
 from clusterbake.errors import ClusterbakeError
@@ -19,14 +19,14 @@ from clusterbake.remote import Endpoint
 from clusterbake.state import StateDir
 
 IDLE_TIMEOUT = 90.0
-INVENTORY_SCRIPTS = {"local": "local.py", "aws": "aws_ec2.py"}
+INVENTORY_SCRIPTS = {"local": "local.py", "aws": "aws_ec2.py", "azure": "azure_rm.py"}
 
 
 def _stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
 
 
-def up(config: ClusterConfig, config_path: Path, provision_only: bool = False) -> dict:
+def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, reconfigure: bool = False) -> dict:
     state = StateDir.for_config(config)
     provider = get_provider(config, state)
     summary: dict = {"cluster": config.cluster_name}
@@ -48,16 +48,36 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False) -
     provider.wait_ready()
     log_file = provider.cluster.logs / f"cluster-up-{_stamp()}.log"
     with phase("configure (ansible/cluster.yml)"):
-        say(f"    log: {log_file}")
-        result = run_playbook(
-            "cluster.yml",
-            repo_root() / "inventories" / INVENTORY_SCRIPTS[config.provider],
-            log_file,
-            ansible_env(config_path, state.root),
-        )
-        say(f"    {result.ok} ok, {result.changed} changed on {len(result.recap)} nodes")
+        inputs = applied.inputs_digest(config, provider.inventory(), provider.cluster.root / "secrets")
+        last = applied.read_record(provider.cluster.root)
+        head = provider.endpoint("head")
+        needed = True
+        if reconfigure:
+            say("    --reconfigure: running the play whatever changed")
+        elif last.get("inputs") == inputs:
+            drift = applied.head_state(head).drift(last.get("head", {}))
+            if drift:
+                shown = "; ".join(drift[:10]) + (f"; {len(drift) - 10} more" if len(drift) > 10 else "")
+                say(f"    drift on the head since the last configure: {shown}; configuring again")
+            else:
+                needed = False
+                say(f"    nothing changed since the last configure (inputs {inputs[:12]}, head as applied): skipped")
+        changed = 0
+        if needed:
+            say(f"    log: {log_file}")
+            result = run_playbook(
+                "cluster.yml",
+                repo_root() / "inventories" / INVENTORY_SCRIPTS[config.provider],
+                log_file,
+                ansible_env(config_path, state.root),
+            )
+            say(f"    {result.ok} ok, {result.changed} changed on {len(result.recap)} nodes")
+            changed = result.changed
         provider.after_configure()
-    summary["changed"] = result.changed
+        if needed:
+            applied.write_record(provider.cluster.root, inputs, applied.head_state(head))
+    summary["changed"] = changed
+    summary["played"] = needed
     with phase("wait for compute nodes to be idle in Slurm"):
         states = wait_idle(provider)
         say("    " + ", ".join(f"{n}={s}" for n, s in sorted(states.items())))

@@ -42,6 +42,138 @@ class Strict(BaseModel):
 DEFAULT_IMAGE_BASE = {"local": "debian-12", "aws": "ubuntu-24.04", "azure": "ubuntu-24.04"}
 
 
+# --- Image build settings of the clouds (clusterbake.images.aws, clusterbake.images.azure) ---------
+# The build VM, where it runs and what it starts from: every default of a cloud image
+# build is here. Empty (None) values fall back to the cluster's own cloud section.
+
+# Feature groups of the cloud GPU images, before the node groups' own features (the
+# builder joins all: each switches a role of ansible/image.yml on).
+AWS_IMAGE_FEATURES = ("aws", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3")
+AZURE_IMAGE_FEATURES = ("azure", "cuda", "nvswitch", "dcgm", "doca_ofed", "amlfs", "blobfuse2")
+# Canonical's Gen2 marketplace images (publisher:offer:sku:version) per image base.
+AZURE_SOURCE_IMAGES = {
+    "ubuntu-24.04": "Canonical:ubuntu-24_04-lts:server:latest",
+    "ubuntu-22.04": "Canonical:0001-com-ubuntu-server-jammy:22_04-lts-gen2:latest",
+}
+_GUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_RESOURCE_GROUP = r"^[-\w.()]{0,89}[-\w()]$"
+
+
+class AwsImageBuild(Strict):
+    """image.aws: how `clusterbake image build` bakes the AMI (Packer amazon-ebs)."""
+
+    region: str | None = Field(
+        None, pattern=r"^[a-z]{2}(-[a-z]+)+-\d+$", description="Region of the build and the AMI; default: aws.region."
+    )
+    builder_instance_type: str = Field(
+        "g5.xlarge",
+        pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$",
+        description="Instance type of the build VM; a GPU type (driver, DCGM and NCCL are checked on it) unless "
+        "validate_gpu is false.",
+    )
+    subnet_id: str | None = Field(
+        None, pattern=r"^subnet-[0-9a-f]{8,17}$", description="Subnet of the build VM; default: aws.subnet_id."
+    )
+    ssh_interface: Literal["public_ip", "private_ip", "public_dns", "private_dns"] = Field(
+        "public_ip", description="How Packer and Ansible reach the build VM (private_ip inside a VPN)."
+    )
+    volume_size_gb: int = Field(100, ge=20, le=16384, description="Root volume (and AMI snapshot) size in GiB.")
+    volume_encrypted: bool = Field(True, description="Encrypt the root volume, hence the AMI's snapshot.")
+    kms_key_id: str = Field("", description="KMS key of the encrypted volume; empty: the account's EBS key.")
+    features: list[str] = Field(
+        default_factory=lambda: list(AWS_IMAGE_FEATURES),
+        description="Feature groups of the build VM (roles of ansible/image.yml), besides the node groups' features.",
+    )
+    validate_gpu: bool = Field(True, description="Check the GPU stack on the build VM (it has an NVIDIA GPU).")
+    validate_efa: bool = Field(False, description="Check EFA on the build VM (an EFA type launched with one).")
+
+
+class AzureImageBuild(Strict):
+    """image.azure: how `clusterbake image build` bakes the managed image (Packer azure-arm)."""
+
+    subscription_id: str | None = Field(None, pattern=_GUID, description="Default: azure.subscription_id.")
+    location: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9]+$", description="Region of the build VM and the image; default: azure.location."
+    )
+    resource_group: str | None = Field(
+        None,
+        pattern=_RESOURCE_GROUP,
+        description="Existing resource group the managed image is stored in; default: azure.resource_group.",
+    )
+    build_resource_group: str | None = Field(
+        None,
+        pattern=_RESOURCE_GROUP,
+        description="Existing resource group for the build VM; default: Packer creates a temporary one.",
+    )
+    vm_size: str = Field(
+        "Standard_NC4as_T4_v3",
+        pattern=r"^(Standard|Basic)_[A-Za-z0-9_]+$",
+        description="VM size of the build VM; a GPU size (driver, DCGM and NCCL are checked on it) unless "
+        "validate_gpu is false.",
+    )
+    source_image: str | None = Field(
+        None,
+        pattern=r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$",
+        description="Marketplace image publisher:offer:sku:version the build starts from; default by image.base: "
+        + ", ".join(f"{base} {urn}" for base, urn in AZURE_SOURCE_IMAGES.items())
+        + ".",
+    )
+    os_disk_size_gb: int = Field(100, ge=30, le=4095, description="OS disk (and image) size in GiB.")
+    subnet_id: str | None = Field(
+        None,
+        pattern=r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]+/providers/Microsoft\.Network/"
+        r"virtualNetworks/[A-Za-z0-9_.-]+/subnets/[A-Za-z0-9_.-]+$",
+        description="Existing subnet of the build VM (reached on its private IP); default: a temporary network, "
+        "the build VM reached on a public IP.",
+    )
+    gallery_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.]{0,78}[A-Za-z0-9]$",
+        description="Azure Compute Gallery to publish a version of the image to as well (nodes then boot that "
+        "version); default: the managed image only.",
+    )
+    gallery_resource_group: str | None = Field(
+        None, pattern=_RESOURCE_GROUP, description="Resource group of gallery_name; default: resource_group."
+    )
+    gallery_image_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,78}[A-Za-z0-9]$",
+        description="Existing image definition (Linux, generalized, Gen2) in gallery_name; default: "
+        "clusterbake-<image.base>.",
+    )
+    gallery_replication_regions: list[str] = Field(
+        default_factory=list, description="Regions the gallery version is replicated to besides location."
+    )
+    auth: Literal["cli", "service_principal", "managed_identity"] = Field(
+        "cli",
+        description="How Packer signs in: cli (the `az login` user), service_principal (client_id, and the secret "
+        "in $AZURE_CLIENT_SECRET, never in this file) or managed_identity (of the machine running clusterbake).",
+    )
+    client_id: str | None = Field(
+        None, pattern=_GUID, description="Service principal (app id) of auth service_principal."
+    )
+    tenant_id: str | None = Field(None, pattern=_GUID, description="Tenant of client_id; default: the subscription's.")
+    features: list[str] = Field(
+        default_factory=lambda: list(AZURE_IMAGE_FEATURES),
+        description="Feature groups of the build VM (roles of ansible/image.yml), besides the node groups' features.",
+    )
+    validate_gpu: bool = Field(True, description="Check the GPU stack on the build VM (it has an NVIDIA GPU).")
+    validate_ib: bool = Field(
+        False, description="Require InfiniBand ports up on the build VM (an RDMA size, e.g. Standard_ND96isr_H100_v5)."
+    )
+
+    @model_validator(mode="after")
+    def _auth(self) -> AzureImageBuild:
+        if self.auth == "service_principal" and not self.client_id:
+            raise ValueError("client_id: required with auth service_principal (its secret: $AZURE_CLIENT_SECRET)")
+        if self.auth != "service_principal" and (self.client_id or self.tenant_id):
+            raise ValueError(f"client_id: only with auth service_principal (auth is {self.auth}); remove it")
+        return self
+
+
+# --- end of the image build settings ----------------------------------------------------------------
+
+
 class ImageConfig(Strict):
     base: Literal["debian-12", "ubuntu-22.04", "ubuntu-24.04"] = Field(
         DEFAULT_IMAGE_BASE["local"],
@@ -59,6 +191,12 @@ class ImageConfig(Strict):
     )
     mirror: str = Field("http://deb.debian.org/debian", description="Debian mirror for debootstrap and apt.")
     security_mirror: str = Field("http://deb.debian.org/debian-security", description="Debian security mirror.")
+    aws: AwsImageBuild = Field(
+        default_factory=AwsImageBuild, description="AWS image build (provider aws): the build VM and the AMI."
+    )
+    azure: AzureImageBuild = Field(
+        default_factory=AzureImageBuild, description="Azure image build (provider azure): the build VM and the image."
+    )
 
 
 AWS_INSTANCE_TYPE_PATTERN = r"^[a-z0-9-]+\.[a-z0-9-]+$"
@@ -137,7 +275,7 @@ class NodeGroup(NodeSize):
         description="aws: a cluster placement group for the group; default: true when efa (EFA needs one). "
         "azure: a proximity placement group for the group; default: true.",
     )
-    instance_types: list[Annotated[str, Field(pattern=INSTANCE_TYPE_PATTERN)]] | None = Field(
+    instance_types: list[Annotated[str, Field(pattern=AWS_INSTANCE_TYPE_PATTERN)]] | None = Field(
         None,
         min_length=1,
         description="aws: instead of instance_type, instance types in order of preference. The first is the "
@@ -446,9 +584,115 @@ class AwsConfig(Strict):
         return values
 
 
+GUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+RESOURCE_GROUP_PATTERN = r"^[-\w.()]{0,89}[-\w()]$"
+AZURE_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,78}[A-Za-z0-9_])?$"
+SUBNET_ID_PATTERN = (
+    r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]+/providers/Microsoft\.Network/"
+    r"virtualNetworks/[A-Za-z0-9_.-]+/subnets/[A-Za-z0-9_.-]+$"
+)
+# Azure refuses these as a VM's admin user name (its documented list, case-insensitive).
+AZURE_RESERVED_USERS = frozenset(
+    {
+        "administrator", "admin", "user", "user1", "test", "user2", "test1", "user3", "admin1", "1", "123", "a",
+        "actuser", "adm", "admin2", "aspnet", "backup", "console", "david", "guest", "john", "owner", "root",
+        "server", "sql", "support", "support_388945a0", "sys", "test2", "test3", "user4", "user5",
+    }
+)  # fmt: skip
+
+
+class AzureConfig(Strict):
+    subscription_id: str = Field(pattern=GUID_PATTERN, description="Azure subscription (a GUID) the cluster runs in.")
+    location: str = Field(pattern=r"^[a-z][a-z0-9]+$", description="Azure region, e.g. eastus, westeurope.")
+    zone: Literal["1", "2", "3"] | None = Field(
+        None, description="Availability zone of every node; default: none (regional, Azure picks)."
+    )
+    resource_group: str = Field(
+        pattern=RESOURCE_GROUP_PATTERN,
+        description="Resource group of the cluster's resources; created (tagged clusterbake-cluster) when missing, "
+        "and deleted by `cluster down` only if clusterbake created it.",
+    )
+    subnet_id: str | None = Field(
+        None,
+        pattern=SUBNET_ID_PATTERN,
+        description="Existing subnet, by resource id (/subscriptions/.../virtualNetworks/V/subnets/S); "
+        "or give vnet_name and subnet_name.",
+    )
+    vnet_name: str | None = Field(None, pattern=AZURE_NAME_PATTERN, description="Existing virtual network, by name.")
+    subnet_name: str | None = Field(None, pattern=AZURE_NAME_PATTERN, description="Existing subnet of vnet_name.")
+    vnet_resource_group: str | None = Field(
+        None, pattern=RESOURCE_GROUP_PATTERN, description="Resource group of vnet_name; default: resource_group."
+    )
+    ssh_cidrs: list[str] = Field(
+        default_factory=list,
+        description="CIDRs allowed to reach SSH (port 22) on the nodes; nothing else enters from outside the cluster.",
+    )
+    admin_user: str = Field(
+        "azureuser",
+        pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+        description="Login user of the VMs (SSH key only, sudo to root).",
+    )
+    image: str | None = Field(
+        None,
+        pattern=r"^(/subscriptions/[^\s]+|[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+)$",
+        description="Node image: a resource id (managed image or gallery image version) or a marketplace URN "
+        "publisher:offer:sku:version; default: the image of the last `make image PROVIDER=azure` "
+        "(<state_dir>/images/azure-latest.json).",
+    )
+    key_vault_name: str | None = Field(
+        None,
+        pattern=r"^[a-zA-Z][a-zA-Z0-9-]{1,22}[a-zA-Z0-9]$",
+        description="Key Vault that holds the join bundles (names are global in Azure); default: cb-<cluster>-<hash "
+        "of subscription and resource group>.",
+    )
+    bastion: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+(:\d+)?$",
+        description="SSH jump host user@host[:port] (ProxyJump) when the nodes' private IPs are not reachable.",
+    )
+    network_interface: str = Field(
+        "auto",
+        pattern=r"^[a-z][a-z0-9]{1,14}$",
+        description="Interface NCCL and gloo bootstrap on; auto: found on each node (eth0 on Azure's images).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zone_as_text(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("zone"), int) and not isinstance(data["zone"], bool):
+            return {**data, "zone": str(data["zone"])}
+        return data
+
+    @field_validator("ssh_cidrs")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        return AwsConfig._cidrs(values)
+
+    @field_validator("admin_user")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value.lower() in AZURE_RESERVED_USERS:
+            raise ValueError(f"Azure does not allow '{value}' as a VM's admin user; choose another (azureuser)")
+        return value
+
+    @property
+    def subnet_parts(self) -> tuple[str, str, str]:
+        """(resource group, virtual network, subnet) of the existing subnet."""
+        if self.subnet_id:
+            parts = self.subnet_id.split("/")
+            return parts[4], parts[8], parts[10]
+        return self.vnet_resource_group or self.resource_group, self.vnet_name, self.subnet_name
+
+    @property
+    def subnet_field(self) -> str:
+        return "azure.subnet_id" if self.subnet_id else "azure.subnet_name"
+
+
 class ClusterConfig(Strict):
     cluster_name: Name = Field(description="Names the cluster's nodes, network devices, state and cloud tags.")
-    provider: Literal["local", "aws"] = Field("local", description="local (nspawn nodes on this host) or aws.")
+    provider: Literal["local", "aws", "azure"] = Field(
+        "local", description="local (nspawn nodes on this host), aws or azure."
+    )
     image: ImageConfig = Field(default_factory=ImageConfig, description="What goes into the node image.")
     head: HeadConfig = Field(default_factory=HeadConfig, description="The head node (slurmctld, login).")
     node_groups: list[NodeGroup] = Field(min_length=1, description="Compute nodes, named <group>-<n>.")
@@ -465,6 +709,9 @@ class ClusterConfig(Strict):
     power: PowerConfig = Field(default_factory=PowerConfig, description="Power saving of elastic node groups.")
     local: LocalConfig = Field(default_factory=LocalConfig, description="Settings of the local provider.")
     aws: AwsConfig | None = Field(None, description="Settings of the aws provider (required with provider aws).")
+    azure: AzureConfig | None = Field(
+        None, description="Settings of the azure provider (required with provider azure)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -511,6 +758,8 @@ class ClusterConfig(Strict):
         self._check_storage()
         if self.provider == "aws":
             self._check_aws()
+        elif self.provider == "azure":
+            self._check_azure()
         elif self.image.base != "debian-12":
             raise ValueError(
                 f"image.base: the local provider builds debian-12 images only (no Ubuntu mirror is reachable "
@@ -532,12 +781,69 @@ class ClusterConfig(Strict):
             if not section.instance_type:
                 alternative = "" if field == "head" else ", or instance_types: [...] in order of preference"
                 raise ValueError(f"{field}.instance_type: required with provider aws (e.g. m7i.2xlarge){alternative}")
+            if not re.fullmatch(AWS_INSTANCE_TYPE_PATTERN, section.instance_type):
+                raise ValueError(
+                    f"{field}.instance_type: {section.instance_type} is not an EC2 instance type (e.g. m7i.2xlarge)"
+                )
+            if "infiniband" in section.model_fields_set:
+                raise ValueError(f"{field}.infiniband: only for provider azure (on aws: efa); remove it")
             for key in LOCAL_SIZING_KEYS:
                 if key in section.model_fields_set:
                     raise ValueError(
                         f"{field}.{key}: only for provider local; on aws CPUs, sockets and memory come "
                         f"from the instance type ({section.instance_type}); remove it"
                     )
+
+    def _check_azure(self) -> None:
+        if self.azure is None:
+            raise ValueError(
+                "azure: required with provider azure (subscription_id, location, resource_group, "
+                "subnet_id or vnet_name + subnet_name, ssh_cidrs, ...)"
+            )
+        if self.aws is not None:
+            raise ValueError("aws: only for provider aws; remove it (this cluster is provider azure)")
+        azure = self.azure
+        if azure.subnet_id and (azure.vnet_name or azure.subnet_name or azure.vnet_resource_group):
+            raise ValueError("azure.subnet_id: give subnet_id or vnet_name + subnet_name, not both")
+        if not azure.subnet_id and not (azure.vnet_name and azure.subnet_name):
+            missing = "subnet_name" if azure.vnet_name else "vnet_name"
+            raise ValueError(
+                f"azure.{missing}: required (the existing subnet: subnet_id, or vnet_name and subnet_name)"
+            )
+        if not self.image.base.startswith("ubuntu-"):
+            raise ValueError(
+                f"image.base: Azure images are Ubuntu; remove image.base (default {DEFAULT_IMAGE_BASE['azure']}) "
+                "or set ubuntu-24.04 or ubuntu-22.04"
+            )
+        self._check_slurm_plugins()
+        sections = [("head", self.head)] + [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
+        for field, section in sections:
+            if not section.instance_type:
+                raise ValueError(
+                    f"{field}.instance_type: required with provider azure (a VM size, e.g. Standard_D4s_v5)"
+                )
+            if not re.fullmatch(AZURE_VM_SIZE_PATTERN, section.instance_type):
+                raise ValueError(
+                    f"{field}.instance_type: {section.instance_type} is not an Azure VM size "
+                    "(Standard_<name>, e.g. Standard_ND96isr_H100_v5)"
+                )
+            for key in LOCAL_SIZING_KEYS:
+                if key in section.model_fields_set:
+                    raise ValueError(
+                        f"{field}.{key}: only for provider local; on azure CPUs, sockets and memory come "
+                        f"from the VM size ({section.instance_type}); remove it"
+                    )
+            if not isinstance(section, NodeGroup):
+                continue
+            for key, what in (
+                ("efa", "aws's EFA; Azure's fabric is InfiniBand: use infiniband"),
+                ("capacity_reservation_id", "aws capacity reservations"),
+                ("instance_types", "fallback instance types (aws only for now); give instance_type"),
+            ):
+                if key in section.model_fields_set:
+                    raise ValueError(f"{field}.{key}: {what}; remove it")
+            if section.elastic:
+                raise ValueError(f"{field}.max_count: elastic node groups are not supported on azure yet; use count: N")
 
     def _check_slurm_plugins(self) -> None:
         """No cgroup plugin where the image's Slurm cannot run one (SLURM_WITHOUT_CGROUP_V2)."""

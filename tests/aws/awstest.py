@@ -83,10 +83,10 @@ def run_cb(moto: Moto, state_dir: Path, config: dict | Path, *args: str, check: 
 def provisioned(moto: Moto, state_dir: Path, ami_id: str, config: dict):
     """A cluster provisioned once (`cluster up --provision-only`) for a test module, then removed:
     yields what the module's tests need; the fixture's body is `yield from provisioned(...)`."""
-    from clusterbake.providers.aws.ami import write_record
+    from clusterbake.images.store import write_aws_record
     from clusterbake.state import StateDir
 
-    write_record(StateDir(state_dir), ami_id, REGION)
+    write_aws_record(StateDir(state_dir), ami_id, REGION)
     first = run_cb(moto, state_dir, config, "cluster", "up", "--provision-only")
     yield {
         "state_dir": state_dir,

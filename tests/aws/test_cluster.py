@@ -21,7 +21,7 @@ from awstest import REGION, ZONE, example_config, inventory, live_instances, pro
 
 from clusterbake.config import load_config
 from clusterbake.errors import ConfigError
-from clusterbake.providers.aws.ami import write_record
+from clusterbake.images.store import write_aws_record
 from clusterbake.providers.aws.provider import AwsProvider
 from clusterbake.state import StateDir
 
@@ -241,7 +241,7 @@ def test_stopped_node_stays_in_the_inventory_not_running_and_up_starts_it(moto, 
 
 def test_down_removes_everything_and_a_second_down_finds_nothing(moto, network, tmp_path):
     """Its own small cluster (head + 1 EFA node + 1 spot node), so that it can go down here."""
-    write_record(StateDir(tmp_path), network.ami_id, REGION)
+    write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     config = example_config(
         network,
         cluster_name="downtest",

@@ -20,8 +20,8 @@ from awstest import REGION, example_config, live_instances, run_cb, tag_map
 
 from clusterbake import cli
 from clusterbake import cluster as cluster_module
+from clusterbake.images.store import write_aws_record
 from clusterbake.providers.aws import prices
-from clusterbake.providers.aws.ami import write_record
 from clusterbake.state import StateDir
 
 CLUSTER = "costdemo"
@@ -31,7 +31,7 @@ CLUSTER = "costdemo"
 def costdemo(moto, network, tmp_path_factory):
     """head (m7i.2xlarge), two p5.48xlarge on-demand, one c7i.large spot and a retained EFS file system."""
     state_dir = tmp_path_factory.mktemp("state-cost")
-    write_record(StateDir(state_dir), network.ami_id, REGION)
+    write_aws_record(StateDir(state_dir), network.ami_id, REGION)
     config = example_config(
         network,
         cluster_name=CLUSTER,
@@ -146,7 +146,7 @@ def test_down_lists_what_still_bills_and_then_nothing_is_left(moto, network, cos
 
 
 def test_down_of_a_plain_cluster_ends_with_nothing_left_billing(moto, network, tmp_path):
-    write_record(StateDir(tmp_path), network.ami_id, REGION)
+    write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     config = example_config(
         network,
         cluster_name="costplain",

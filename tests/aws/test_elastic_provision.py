@@ -21,7 +21,7 @@ import pytest
 import yaml
 from awstest import REGION, REPO, example_config, inventory, live_instances, provisioned, run_cb, tag_map
 
-from clusterbake.providers.aws.ami import write_record
+from clusterbake.images.store import write_aws_record
 from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER
 from clusterbake.state import StateDir
 
@@ -310,7 +310,7 @@ def test_growing_max_count_keeps_every_address(moto, elastic, network):
 
 
 def test_down_removes_the_head_role_too(moto, network, tmp_path):
-    write_record(StateDir(tmp_path), network.ami_id, REGION)
+    write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     config = _config(network) | {"cluster_name": "elasticdown"}
     run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only")
     down = run_cb(moto, tmp_path, config, "cluster", "down")

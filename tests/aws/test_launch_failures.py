@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from awstest import REGION, ZONE, example_config, live_instances, run_cb, tag_map
 
-from clusterbake.providers.aws.ami import write_record
+from clusterbake.images.store import write_aws_record
 from clusterbake.state import StateDir
 
 
@@ -50,7 +50,7 @@ def _config(network, name, gpu_count):
 
 
 def test_capacity_error_midway_terminates_everything_this_run_launched(moto, network, tmp_path, capacity):
-    write_record(StateDir(tmp_path), network.ami_id, REGION)
+    write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     config = _config(network, "capfail", gpu_count=2)
     capacity("p4d.24xlarge", 1)  # gpu-1 fits, gpu-2 does not
     result = run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only", check=False)
@@ -71,7 +71,7 @@ def test_capacity_error_midway_terminates_everything_this_run_launched(moto, net
 
 
 def test_failed_growth_keeps_the_nodes_that_existed_before(moto, network, tmp_path, capacity):
-    write_record(StateDir(tmp_path), network.ami_id, REGION)
+    write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     run_cb(moto, tmp_path, _config(network, "grow", gpu_count=1), "cluster", "up", "--provision-only")
     ec2 = moto.ec2()
     before = {tag_map(i)["clusterbake:name"]: i["InstanceId"] for i in live_instances(ec2, "grow")}

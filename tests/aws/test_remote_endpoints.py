@@ -12,7 +12,7 @@ from paramiko.hostkeys import HostKeys
 from clusterbake import remote
 from clusterbake.config import load_config
 from clusterbake.errors import ClusterbakeError
-from clusterbake.providers.aws.ami import write_record
+from clusterbake.images.store import write_aws_record
 from clusterbake.providers.aws.provider import AwsProvider
 from clusterbake.state import StateDir
 
@@ -23,7 +23,7 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKnLhc+bqT1CV7aEgmuyrkmzHfIzmN2ZRDo8u
 @pytest.fixture(scope="module")
 def cluster(moto, network, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("state-sshkeys")
-    write_record(StateDir(state_dir), network.ami_id, "us-east-1")
+    write_aws_record(StateDir(state_dir), network.ami_id, "us-east-1")
     config = example_config(network, cluster_name=CLUSTER)
     config["aws"]["bastion"] = "jump@bastion.example.com:2222"
     run_cb(moto, state_dir, config, "cluster", "up", "--provision-only")

@@ -14,7 +14,7 @@ from awstest import REGION, ZONE, example_config, run_cb
 from clusterbake import cluster
 from clusterbake.config import load_config
 from clusterbake.errors import ClusterbakeError
-from clusterbake.providers.aws.ami import write_record
+from clusterbake.images.store import write_aws_record
 from clusterbake.state import StateDir
 
 SUBPROCESS = {"not-in-zone", "efa-unsupported", "no-image-built"}
@@ -101,7 +101,7 @@ def test_config_error_names_the_field_and_creates_nothing(moto, network, tmp_pat
     changes = dict(changes)
     name = "val" + "".join(c for c in case if c.isalpha())[:20]
     if not changes.pop("no_record", False):
-        write_record(StateDir(tmp_path), network.ami_id, REGION)
+        write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     config = example_config(network, cluster_name=name, partitions=[])
     aws = changes.pop("aws", {})
     if aws == "other-subnet":

@@ -8,7 +8,8 @@ from localtest import CONFIG, cb
 
 def image_dir():
     from clusterbake.config import load_config
-    from clusterbake.image import ImageStore, inputs_digest
+    from clusterbake.images.inputs import local_inputs_digest as inputs_digest
+    from clusterbake.images.store import ImageStore
     from clusterbake.state import StateDir
 
     config = load_config(CONFIG)

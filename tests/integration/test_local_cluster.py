@@ -10,7 +10,7 @@ from pathlib import Path
 from localtest import CONFIG, REPO, cb, on, run
 
 from clusterbake.config import load_config
-from clusterbake.providers.local.network import bridge_name, veth_name
+from clusterbake.nspawn.network import bridge_name, veth_name
 from clusterbake.state import StateDir
 
 
@@ -90,9 +90,24 @@ def test_second_make_cluster_changes_nothing(cluster):
     before = on("head", "pidof slurmctld").stdout.strip()
     slurmd_before = on("cpu-1", "pidof slurmd").stdout.strip()
     again = run(["make", "cluster", f"CONFIG={CONFIG}"], timeout=600)
-    assert "0 changed tasks" in again.stdout, again.stdout + again.stderr
+    # Inputs unchanged and the head as applied: Ansible is not run at all.
+    assert "0 changed tasks (nothing to configure)" in again.stdout, again.stdout + again.stderr
+    assert "nothing changed since the last configure" in again.stderr
+    # The play itself is idempotent too: run anyway, it changes nothing and restarts nothing.
+    forced = cb("cluster", "up", "--reconfigure", timeout=600)
+    assert ", 0 changed tasks" in forced.stdout and "nothing to configure" not in forced.stdout, forced.stdout
     assert on("head", "pidof slurmctld").stdout.strip() == before
     assert on("cpu-1", "pidof slurmd").stdout.strip() == slurmd_before
+
+
+def test_drift_on_the_head_is_reported_and_configured_away(cluster):
+    on("head", "echo '# edited by hand' >> /etc/slurm/slurm.conf")
+    result = cb("cluster", "up", timeout=600)
+    assert "drift on the head since the last configure: /etc/slurm/slurm.conf changed" in result.stderr
+    assert "nothing to configure" not in result.stdout
+    assert "# edited by hand" not in on("head", "cat /etc/slurm/slurm.conf").stdout
+    again = cb("cluster", "up", timeout=600)
+    assert "0 changed tasks (nothing to configure)" in again.stdout, again.stderr
 
 
 def test_stopped_compute_node_rejoins_idle(cluster):

@@ -76,7 +76,7 @@ class Twin:
 
     def node_pid(self, instance_id: str) -> int:
         """PID 1 of the instance's node (the child of its nspawn process)."""
-        from clusterbake.providers.local import machines
+        from clusterbake.nspawn import machines
 
         nspawn = machines.find_machines(f"cb-twin-aws-{instance_id}").get(f"cb-twin-aws-{instance_id}")
         assert nspawn, f"no node runs for {instance_id}"
@@ -140,7 +140,7 @@ def twin_environment() -> dict[str, str]:
 
 def host_leftovers() -> list[str]:
     """What the twin could leave on the host: namespaces, links, node processes, mounts, state."""
-    from clusterbake.providers.local import machines
+    from clusterbake.nspawn import machines
 
     left = [f"netns {n}" for n in run(["ip", "netns", "list"]).stdout.split() if "twin-aws" in n]
     left += [

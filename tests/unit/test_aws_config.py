@@ -10,8 +10,8 @@ import pytest
 
 from clusterbake.config import ClusterConfig, load_config
 from clusterbake.errors import ConfigError, MissingImageError
+from clusterbake.images.store import ImageStore, find_aws_image, write_aws_record
 from clusterbake.inventory import cluster_vars
-from clusterbake.providers.aws.ami import find_ami, record_path, write_record
 from clusterbake.providers.aws.provider import AwsProvider
 from clusterbake.remote import command_line
 from clusterbake.state import StateDir
@@ -132,7 +132,7 @@ def test_defaults(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda t: t.replace("provider: aws", "provider: azure"), "provider: Input should be 'local' or 'aws'"),
+        (lambda t: t.replace("provider: aws", "provider: gcp"), "provider: Input should be 'local', 'aws' or 'azure'"),
         (lambda t: t[: t.index("aws:")] + t[t.index("head:") :], "aws: required with provider aws"),
         (lambda t: t.replace("    instance_type: p5.48xlarge\n", ""), "node_groups.0.instance_type: required"),
         (lambda t: t.replace("  instance_type: m7i.2xlarge", "  cpus: 4"), "head.instance_type: required"),
@@ -214,18 +214,18 @@ def _config(**aws) -> ClusterConfig:
 def test_ami_from_the_image_record(tmp_path):
     state = StateDir(tmp_path)
     with pytest.raises(MissingImageError, match=r"run `make image PROVIDER=aws`"):
-        find_ami(_config(), state)
-    path = write_record(state, "ami-0123456789abcdef0", "us-east-1", name="clusterbake-ubuntu-22.04-x")
-    assert path == record_path(state) == tmp_path / "images" / "aws-latest.json"
+        find_aws_image(_config(), state)
+    path = write_aws_record(state, "ami-0123456789abcdef0", "us-east-1", name="clusterbake-ubuntu-22.04-x")
+    assert path == ImageStore(state).cloud_record_path("aws") == tmp_path / "images" / "aws-latest.json"
     assert json.loads(path.read_text())["region"] == "us-east-1"
-    assert find_ami(_config(), state) == "ami-0123456789abcdef0"
-    assert find_ami(_config(ami_id="ami-00000000000000001"), state) == "ami-00000000000000001"
-    write_record(state, "ami-0123456789abcdef0", "eu-west-1")
+    assert find_aws_image(_config(), state) == "ami-0123456789abcdef0"
+    assert find_aws_image(_config(ami_id="ami-00000000000000001"), state) == "ami-00000000000000001"
+    write_aws_record(state, "ami-0123456789abcdef0", "eu-west-1")
     with pytest.raises(MissingImageError, match="built in eu-west-1, the cluster runs in us-east-1"):
-        find_ami(_config(), state)
+        find_aws_image(_config(), state)
     path.write_text("{}")
     with pytest.raises(MissingImageError, match="not an image record"):
-        find_ami(_config(), state)
+        find_aws_image(_config(), state)
 
 
 def test_ssh_runs_the_command_as_root_through_the_bastion(tmp_path):

@@ -1,6 +1,6 @@
 """The packer wrapper's reading of -machine-readable output."""
 
-from clusterbake.packer import parse_machine_readable
+from clusterbake.images.packer import parse_machine_readable
 
 
 def test_ui_line_with_escaped_commas():

@@ -17,4 +17,8 @@ def get_provider(config: ClusterConfig, state: StateDir | None = None) -> Provid
         from clusterbake.providers.aws.provider import AwsProvider
 
         return AwsProvider(config, state)
+    if config.provider == "azure":
+        from clusterbake.providers.azure.provider import AzureProvider
+
+        return AzureProvider(config, state)
     raise NotImplementedError(f"provider {config.provider}")

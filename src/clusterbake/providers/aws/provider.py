@@ -10,12 +10,12 @@ from pathlib import Path
 from clusterbake import remote
 from clusterbake.config import ClusterConfig, NodeGroup
 from clusterbake.errors import ClusterbakeError, ConfigError
+from clusterbake.images.store import aws_image_source, find_aws_image
 from clusterbake.inventory import build_inventory
 from clusterbake.plan import NodeSpec, address_pool, assign_addresses, plan_nodes
 from clusterbake.progress import say
-from clusterbake.providers.aws import ami, billing, checks, discover, iam, placement, prices, resources, storage, tags
+from clusterbake.providers.aws import billing, checks, discover, iam, placement, prices, resources, storage, tags
 from clusterbake.providers.aws import secrets as join_secrets
-from clusterbake.providers.aws.ami import find_ami
 from clusterbake.providers.aws.api import aws_errors, call, client, ec2_client, paginate
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.aws.launch import BATCH, GroupLaunch, NodeLaunch, launch_groups, wait_for_state
@@ -120,7 +120,8 @@ class AwsProvider(Provider):
     # --- lifecycle -------------------------------------------------------------------
 
     def find_image(self) -> str:
-        return find_ami(self.config, self.state)
+        """The AMI: aws.ami_id, else the one the image store recorded (images/aws-latest.json)."""
+        return find_aws_image(self.config, self.state)
 
     @aws_errors
     def validate(self) -> None:
@@ -149,8 +150,8 @@ class AwsProvider(Provider):
 
     @aws_errors
     def provision(self, image: Path | str | None) -> None:
-        ami_id = str(image) if image else ami.find_ami(self.config, self.state)
-        source = "aws.ami_id" if self.aws.ami_id else str(ami.record_path(self.state))
+        ami_id = str(image) if image else find_aws_image(self.config, self.state)
+        source = aws_image_source(self.config, self.state)
         checks.check_image(self.client, self.config, ami_id, self.infos, source)
 
         self.cluster.ensure_secrets()

@@ -17,11 +17,12 @@ import yaml
 
 from clusterbake import remote
 from clusterbake.errors import ClusterbakeError, ConfigError
+from clusterbake.images.store import find_local_image
 from clusterbake.inventory import build_inventory
+from clusterbake.nspawn import machines, network
 from clusterbake.plan import address_pool, assign_addresses
 from clusterbake.progress import say
 from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
-from clusterbake.providers.local import machines, network
 from clusterbake.remote import Endpoint
 from clusterbake.state import write_secret
 
@@ -93,9 +94,8 @@ class LocalProvider(Provider):
         self.addresses()
 
     def find_image(self) -> Path:
-        from clusterbake.image import find_image
-
-        return find_image(self.config, self.state)
+        """The local image (a directory with rootfs/) from the image store."""
+        return find_local_image(self.config, self.state)
 
     def provision(self, image: Path | str) -> None:
         image_root = Path(image) / "rootfs"

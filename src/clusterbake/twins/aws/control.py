@@ -11,21 +11,16 @@ nodes, namespaces, the bridge and the twin's directory.
 from __future__ import annotations
 
 import contextlib
-import http.client
-import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ClusterbakeError
+from clusterbake.nspawn import network
 from clusterbake.progress import phase, say
-from clusterbake.providers.local import machines, network
 from clusterbake.state import StateDir
+from clusterbake.twins import host
 from clusterbake.twins.aws.daemon import SERVICE_NETNS
 from clusterbake.twins.aws.nodes import METADATA_ADDRESS, TWIN_NETWORK, Nodes
 
@@ -70,28 +65,12 @@ def environment(state: StateDir, info: dict) -> dict[str, str]:
 
 
 def read_info(state: StateDir) -> dict | None:
-    path = twin_dir(state) / "twin.json"
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return info if machines.alive(int(info.get("pid", 0))) else None
+    return host.read_info(twin_dir(state) / "twin.json")
 
 
 def _service_namespace() -> None:
     """The namespace that answers for 169.254.169.254 on the bridge (the host keeps its own routes)."""
-    veth = network.veth_name(TWIN_NETWORK, "svc")
-    if not (network.NETNS_DIR / SERVICE_NETNS).exists():
-        network._ip("netns", "add", SERVICE_NETNS)
-    if not network.link_exists(veth):
-        network._ip("link", "add", veth, "type", "veth", "peer", "name", "imds0", "netns", SERVICE_NETNS)
-    network._ip("link", "set", veth, "master", network.bridge_name(TWIN_NETWORK), "up")
-    inside = network._ip("-j", "addr", "show", "dev", "imds0", netns=SERVICE_NETNS).stdout
-    if METADATA_ADDRESS not in inside:
-        network._ip("addr", "add", f"{METADATA_ADDRESS}/32", "dev", "imds0", netns=SERVICE_NETNS)
-    network._ip("link", "set", "lo", "up", netns=SERVICE_NETNS)
-    network._ip("link", "set", "imds0", "up", netns=SERVICE_NETNS)
-    network._ip("route", "replace", VPC_CIDR, "dev", "imds0", "scope", "link", netns=SERVICE_NETNS)
+    host.ensure_service_namespace(TWIN_NETWORK, SERVICE_NETNS, (METADATA_ADDRESS,), VPC_CIDR)
 
 
 def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
@@ -102,7 +81,7 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
     if info:
         say(f"==> the EC2 twin already runs (pid {info['pid']})")
         return environment(state, info)
-    from clusterbake.image import build_image
+    from clusterbake.images.local import build_image
 
     image = build_image(image_config(config), state)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -110,7 +89,7 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
         network.ensure_bridge(TWIN_NETWORK, VPC_CIDR)
         _service_namespace()
     log_file = directory / "twin.log"
-    with phase("EC2 twin: start"), log_file.open("ab") as log:
+    with phase("EC2 twin: start"):
         say(f"    log: {log_file}")
         argv = [
             sys.executable, "-m", "clusterbake.twins.aws.daemon",
@@ -122,16 +101,7 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         # EC2's capacity, as tests set it (PUT /capacity on the control socket): moto_ext's switch.
         env["MOTO_CAPACITY_FILE"] = str(directory / "capacity.json")
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env
-        )
-        deadline = time.monotonic() + START_TIMEOUT
-        while (info := read_info(state)) is None:
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = log_file.read_text(errors="replace").splitlines()[-20:]
-                process.kill()
-                raise ClusterbakeError("the EC2 twin did not start:\n" + "\n".join(tail) + f"\nfull log: {log_file}")
-            time.sleep(0.2)
+        info = host.start_process(argv, env, log_file, lambda: read_info(state), START_TIMEOUT, "EC2 twin")
     say(
         f"    EC2 twin at {info['endpoint']}: VPC {info['vpc_id']}, subnet {info['subnet_id']} "
         f"({info['subnet_cidr']}, {info['availability_zone']}), AMI {', '.join(info['amis'].values())}"
@@ -141,26 +111,9 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
 
 def request(state: StateDir, method: str, path: str, body: dict | None = None) -> dict:
     """A call to the running twin's control socket."""
-
-    class UnixConnection(http.client.HTTPConnection):
-        def connect(self) -> None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(30)
-            self.sock.connect(str(twin_dir(state) / "control.sock"))
-
     if read_info(state) is None:
         raise ClusterbakeError("the EC2 twin is not running; start it with `clusterbake twin up aws`")
-    connection = UnixConnection("twin")
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        answer = json.loads(response.read() or b"{}")
-    finally:
-        connection.close()
-    if response.status != 200:
-        raise ClusterbakeError(f"EC2 twin: {method} {path}: {answer.get('error', response.status)}")
-    return answer
+    return host.unix_request(twin_dir(state) / "control.sock", method, path, body, "EC2 twin")
 
 
 def status(state: StateDir) -> dict:
@@ -177,28 +130,12 @@ def down(state: StateDir) -> list[str]:
     if info:
         pid = int(info["pid"])
         with phase("EC2 twin: stop (its nodes go with it)"):
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT
-            while machines.alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if machines.alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            host.stop_process(pid, STOP_TIMEOUT)
             removed.append(f"twin process {pid}")
     # Whatever a dead process left behind.
     removed += [f"node {i}" for i in Nodes(directory, VPC_CIDR, Path(), lambda m: None).remove_all()]
-    veth = network.veth_name(TWIN_NETWORK, "svc")
-    if network.link_exists(veth):
-        network._ip("link", "del", veth, check=False)
-    if (network.NETNS_DIR / SERVICE_NETNS).exists():
-        network._ip("netns", "del", SERVICE_NETNS)
-        removed.append(f"namespace {SERVICE_NETNS}")
-    if network.link_exists(network.bridge_name(TWIN_NETWORK)):
-        network.remove_bridge(TWIN_NETWORK)
-        removed.append(f"bridge {network.bridge_name(TWIN_NETWORK)}")
-    if directory.exists():
-        machines.unmount_tree(directory)
-        subprocess.run(["rm", "-rf", "--one-file-system", str(directory)], check=True)
-        removed.append(f"state {directory}")
+    removed += host.remove_network(TWIN_NETWORK, SERVICE_NETNS)
+    removed += host.remove_directory(directory)
     with contextlib.suppress(OSError):
         directory.parent.rmdir()
     return removed

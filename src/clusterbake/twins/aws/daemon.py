@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -39,10 +38,10 @@ import time
 import traceback
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from socketserver import ThreadingMixIn, UnixStreamServer
 from typing import Any
+
+from clusterbake.twins.runtime import in_netns, iso, log, serve_control, write_private
 
 ACCOUNT = "123456789012"
 SEED = 20261201
@@ -50,29 +49,6 @@ ADMIN_USER = "clusterbake-twin-admin"
 CREDENTIAL_SECONDS = 6 * 3600
 POLL = 0.25
 SERVICE_NETNS = "cbsvc-twin-aws"
-CLONE_NEWNET = 0x40000000
-
-
-def log(message: str) -> None:
-    print(f"{datetime.now(UTC).strftime('%H:%M:%S.%f')[:-3]} {message}", flush=True)
-
-
-def in_netns(name: str, function):
-    """Call function in network namespace `name` (this thread only), then come back."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(target, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {name}")
-        try:
-            return function()
-        finally:
-            if libc.setns(own, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back")
-    finally:
-        os.close(own)
-        os.close(target)
 
 
 class Twin:
@@ -503,83 +479,39 @@ class Twin:
         log(f"capacity: {limits}")
         return limits
 
+    def control(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        """The control socket's requests (twins/runtime.py serves them)."""
+        if method == "GET":
+            if path == "/status":
+                return HTTPStatus.OK, self.status()
+            if path == "/capacity":
+                return HTTPStatus.OK, self.capacity()
+            return HTTPStatus.NOT_FOUND, {"error": path}
+        if path == "/capacity" and method == "PUT":
+            try:
+                return HTTPStatus.OK, self.set_capacity(body)
+            except (ValueError, AttributeError) as exc:
+                return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+        if path == "/capacity" and method == "DELETE":
+            return HTTPStatus.OK, self.set_capacity(None)
+        if method not in ("PUT", "DELETE"):
+            return HTTPStatus.NOT_FOUND, {"error": path}
+        parts = path.strip("/").split("/")
+        if len(parts) != 4 or parts[0] != "instances" or parts[2] != "notices":
+            return HTTPStatus.NOT_FOUND, {"error": path}
+        try:
+            return HTTPStatus.OK, self.set_notice(parts[1], parts[3], body if method == "PUT" else None)
+        except KeyError as exc:
+            return HTTPStatus.NOT_FOUND, {"error": f"unknown {exc}"}
+
     def serve_control(self, path: Path) -> None:
-        twin = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _answer(self, status: int, data: Any) -> None:
-                body = json.dumps(data, indent=2).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:
-                if self.path == "/status":
-                    self._answer(HTTPStatus.OK, twin.status())
-                elif self.path == "/capacity":
-                    self._answer(HTTPStatus.OK, twin.capacity())
-                else:
-                    self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
-
-            def _notice(self, body: dict | None) -> None:
-                parts = self.path.strip("/").split("/")
-                if len(parts) != 4 or parts[0] != "instances" or parts[2] != "notices":
-                    self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
-                    return
-                try:
-                    self._answer(HTTPStatus.OK, twin.set_notice(parts[1], parts[3], body))
-                except KeyError as exc:
-                    self._answer(HTTPStatus.NOT_FOUND, {"error": f"unknown {exc}"})
-
-            def do_PUT(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if self.path == "/capacity":
-                    try:
-                        self._answer(HTTPStatus.OK, twin.set_capacity(body))
-                    except (ValueError, AttributeError) as exc:
-                        self._answer(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-                    return
-                self._notice(body)
-
-            def do_DELETE(self) -> None:
-                if self.path == "/capacity":
-                    self._answer(HTTPStatus.OK, twin.set_capacity(None))
-                    return
-                self._notice(None)
-
-        class Server(ThreadingMixIn, UnixStreamServer):
-            daemon_threads = True
-
-            def get_request(self):
-                request, _ = super().get_request()
-                return request, ("control", 0)
-
-        path.unlink(missing_ok=True)
-        server = Server(str(path), Handler)
-        os.chmod(path, 0o600)
-        threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
-
-
-def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        serve_control(path, self.control)
 
 
 def subprocess_rm(path: Path) -> None:
     import subprocess
 
     subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
-
-
-def write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
 
 
 def main(argv: list[str] | None = None) -> int:

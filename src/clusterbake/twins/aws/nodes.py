@@ -1,5 +1,8 @@
 """Instances of the EC2 twin as real local nodes: one systemd-nspawn machine per instance.
 
+The machinery is shared with the Azure twin (src/clusterbake/twins/nodes.py); this module
+says what is EC2's.
+
 What the twin provides is what EC2's hardware and network provide, nothing of the
 product: a root disk (an overlay on the AMI's image, kept while the instance is
 stopped, gone when it is terminated), one network interface `ens5` with the
@@ -24,12 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterbake.providers.local import machines, network
+from clusterbake.twins.nodes import SLURMD_DROP_IN, NodeSpec, TwinNodes, slurmd_boot_time
 
 TWIN_NETWORK = "twin-aws"  # names the bridge cb-twin-aws and netns cb-twin-aws-<instance id>
 MACHINE_PREFIX = f"cb-{TWIN_NETWORK}-"
@@ -37,14 +39,9 @@ IFNAME = "ens5"
 METADATA_ADDRESS = "169.254.169.254"
 STORAGE_INSIDE = "/run/clusterbake-twin/storage"
 MOUNT_HELPERS = ("/usr/sbin/mount.nfs", "/usr/sbin/mount.nfs4", "/usr/sbin/mount.lustre")
-# After the image's own drop-ins (role slurm's clusterbake.conf); ExecStart as Debian 12's unit has it.
-SLURMD_DROP_IN = "/etc/systemd/system/slurmd.service.d/zz-clusterbake-twin.conf"
-SLURMD_BOOT_TIME = """# The EC2 twin: a node is a container that sees the host's uptime; -b makes slurmd report
-# its start as the node's boot, as an instance that boots now would (nodes.py).
-[Service]
-ExecStart=
-ExecStart=/usr/sbin/slurmd -D -s $SLURMD_OPTIONS -b
-"""
+LABEL = "The EC2 twin"
+SLURMD_BOOT_TIME = slurmd_boot_time(LABEL)
+__all__ = ["SLURMD_DROP_IN", "Instance", "Nodes", "ec2_hostname", "mac_of"]
 
 
 @dataclass(frozen=True)
@@ -68,82 +65,33 @@ def ec2_hostname(address: str) -> str:
     return "ip-" + address.replace(".", "-")
 
 
-class Nodes:
+class Nodes(TwinNodes):
+    """The EC2 twin's nodes (twins/nodes.py), with the storage directory and mount helper of EFS/FSx."""
+
     def __init__(self, root: Path, vpc_cidr: str, mount_helper: Path, log):
-        self.root = root
+        super().__init__(root, TWIN_NETWORK, IFNAME, (vpc_cidr, f"{METADATA_ADDRESS}/32"), log, label=LABEL)
         self.vpc_cidr = vpc_cidr
         self.mount_helper = mount_helper
         self.storage = root / "storage"
-        self.log = log
-
-    def machine(self, instance_id: str) -> str:
-        return f"{MACHINE_PREFIX}{instance_id}"
-
-    def paths(self, instance_id: str) -> machines.MachinePaths:
-        return machines.MachinePaths(self.root / "nodes" / instance_id)
-
-    def running(self) -> dict[str, int]:
-        """Instance id -> nspawn PID of every node that runs."""
-        return {m[len(MACHINE_PREFIX) :]: pid for m, pid in machines.find_machines(MACHINE_PREFIX).items()}
 
     def start(self, instance: Instance) -> None:
-        netns = network.ensure_node_network(
-            TWIN_NETWORK,
-            instance.instance_id,
-            instance.address,
-            instance.subnet_cidr,
-            ifname=IFNAME,
-            routes=(self.vpc_cidr, f"{METADATA_ADDRESS}/32"),
-        )
-        network.set_mac(netns, IFNAME, mac_of(instance.instance_id))
-        paths = self.paths(instance.instance_id)
-        machines.mount_overlay(instance.image_root, paths)
         self.storage.mkdir(parents=True, exist_ok=True)
-        drop_in = self.root / "slurmd-boot-time.conf"
-        if not drop_in.exists() or drop_in.read_text() != SLURMD_BOOT_TIME:
-            drop_in.write_text(SLURMD_BOOT_TIME)
-        argv = machines.nspawn_argv(
-            self.machine(instance.instance_id),
-            ec2_hostname(instance.address),
-            paths.root,
-            netns,
-            {STORAGE_INSIDE: self.storage},
-            readonly_binds={**{helper: self.mount_helper for helper in MOUNT_HELPERS}, SLURMD_DROP_IN: drop_in},
-            uuid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ec2:{instance.instance_id}")),
+        self.boot(
+            NodeSpec(
+                key=instance.instance_id,
+                address=instance.address,
+                subnet_cidr=instance.subnet_cidr,
+                image_root=instance.image_root,
+                hostname=ec2_hostname(instance.address),
+                mac=mac_of(instance.instance_id),
+                uuid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ec2:{instance.instance_id}")),
+                binds={STORAGE_INSIDE: self.storage},
+                readonly_binds={helper: self.mount_helper for helper in MOUNT_HELPERS},
+            )
         )
-        machines.spawn(argv, self.machine(instance.instance_id), paths.console_log)
-        self.log(f"node {instance.instance_id} started at {instance.address}")
-
-    def stop(self, instance_id: str, pid: int | None) -> None:
-        """Power the node off, keep its disk (a stopped instance keeps its EBS root volume)."""
-        if pid:
-            machines.stop(pid)
-        busy = machines.remove_cgroups(self.machine(instance_id))
-        machines.unmount_tree(self.paths(instance_id).root)
-        self.log(f"node {instance_id} stopped" + (f" (cgroups still busy: {busy})" if busy else ""))
-
-    def remove(self, instance_id: str, pid: int | None) -> None:
-        """A terminated instance: its node, disk and network go."""
-        self.stop(instance_id, pid)
-        network.remove_node_network(TWIN_NETWORK, instance_id)
-        base = self.paths(instance_id).base
-        if base.exists():
-            subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=True)
-        self.log(f"node {instance_id} removed")
-
-    def known(self) -> set[str]:
-        """Instance ids that have a disk here (running or stopped)."""
-        directory = self.root / "nodes"
-        return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
 
     def remove_all(self) -> list[str]:
-        removed = []
-        running = self.running()
-        for instance_id in sorted(self.known() | set(running)):
-            self.remove(instance_id, running.get(instance_id))
-            removed.append(instance_id)
-        for leftover in network.leftover_netns(TWIN_NETWORK):
-            network.remove_node_network(TWIN_NETWORK, leftover[len(MACHINE_PREFIX) :])
+        removed = super().remove_all()
         if self.storage.exists():
             shutil.rmtree(self.storage)
         return removed

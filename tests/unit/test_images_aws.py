@@ -1,5 +1,6 @@
-"""The AWS image wrapper: Packer versions, template staging, -var values, the
-manifest post-processor's JSON and aws-latest.json. No Packer build, no AWS."""
+"""The AWS image builder (clusterbake.images.aws): Packer versions, template staging,
+-var values from the config, the manifest post-processor's JSON and aws-latest.json.
+No Packer build, no AWS."""
 
 from __future__ import annotations
 
@@ -12,14 +13,44 @@ from pathlib import Path
 
 import pytest
 
-from clusterbake import packer_aws
-from clusterbake.config import DEFAULT_IMAGE_BASE
+from clusterbake.config import DEFAULT_IMAGE_BASE, ClusterConfig
 from clusterbake.errors import ClusterbakeError
+from clusterbake.images import aws as packer_aws
+from clusterbake.images import packer
+from clusterbake.images.base import PackerRun
+from clusterbake.images.inputs import versions_digest
+from clusterbake.images.store import ImageStore
+from clusterbake.state import StateDir
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "unit" / "data" / "packer-manifest-aws.json"
 LAST_RUN = "9e3c2b1a-0f4d-4e5f-8a7b-6c5d4e3f2a1b"
 FIRST_RUN = "0b7d6f2e-58a1-4c1f-9c2e-3f8a1d2b4c5e"
+
+
+def aws_config(image: dict | None = None, features=("cuda", "efa", "train-data"), **aws) -> ClusterConfig:
+    return ClusterConfig.model_validate(
+        {
+            "cluster_name": "demo",
+            "provider": "aws",
+            "image": image or {},
+            "aws": {"region": "us-east-1", "vpc_id": "vpc-0123456789abcdef0", "subnet_id": "subnet-0123456789abcdef0"}
+            | aws,
+            "head": {"instance_type": "m7i.2xlarge"},
+            "node_groups": [{"name": "gpu", "count": 1, "instance_type": "p5.48xlarge", "features": list(features)}],
+        }
+    )
+
+
+def run(tmp_path, name="clusterbake-ubuntu-24.04-x") -> PackerRun:
+    return PackerRun(
+        name=name,
+        image_vars_file=tmp_path / "v.yml",
+        artifacts_dir=tmp_path / "a",
+        revision="abc",
+        versions_digest="d" * 64,
+        repo_root=REPO,
+    )
 
 
 # --- the manifest post-processor's JSON ---------------------------------------------
@@ -73,7 +104,7 @@ def test_latest_record_has_what_the_provider_needs(tmp_path):
     image = packer_aws.parse_packer_manifest(SAMPLE)
     versions = {"os": {"distribution": "Ubuntu"}, "gpu": {"manifest_sha256": image["manifest_digest"]}}
     record = packer_aws.image_record(image, versions, inputs_digest="0123456789abcdef")
-    path = packer_aws.write_latest(tmp_path, record)
+    path = ImageStore(StateDir(tmp_path)).write_cloud_record("aws", record)
     assert path == tmp_path / "images" / "aws-latest.json"
     saved = json.loads(path.read_text())
     assert {"ami_id", "region", "name", "git_revision", "manifest_digest", "versions"} <= set(saved)
@@ -92,24 +123,28 @@ def test_record_refuses_an_image_built_from_another_manifest():
 # --- Packer versions and the staged template ---------------------------------------------
 
 
+def stage(dest, root):
+    return packer.stage_template(packer_aws.TEMPLATE, dest, root, packer_aws.PLUGIN_SETTINGS)
+
+
 @pytest.mark.parametrize(
     ("version", "plugins"), [("1.6.6", False), ("Packer v1.6.6", False), ("1.7.0", True), ("1.11.2", True)]
 )
 def test_plugin_mode_from_the_packer_version(version, plugins):
-    assert packer_aws.plugin_mode(version) is plugins
+    assert packer.plugin_mode(version) is plugins
 
 
 def test_versions_digest_is_the_manifest_files_sha256():
     manifest = REPO / "ansible" / "group_vars" / "all" / "versions.yml"
-    assert packer_aws.versions_digest(REPO) == hashlib.sha256(manifest.read_bytes()).hexdigest()
+    assert versions_digest(REPO) == hashlib.sha256(manifest.read_bytes()).hexdigest()
 
 
 def test_staged_template_has_the_plugin_settings_and_requirements(tmp_path):
-    assert (REPO / "packer/aws.pkr.hcl").read_text().count(packer_aws.MARKER) == 1
-    staged = packer_aws.stage_template(tmp_path / "t", REPO)
+    assert (REPO / "packer/aws.pkr.hcl").read_text().count(packer.MARKER) == 1
+    staged = stage(tmp_path / "t", REPO)
     assert sorted(p.name for p in staged.iterdir()) == ["ansible.pkr.hcl", "aws.pkr.hcl", "required_plugins.pkr.hcl"]
     text = (staged / "aws.pkr.hcl").read_text()
-    assert packer_aws.MARKER not in text
+    assert packer.MARKER not in text
     assert 'http_tokens                 = "required"' in text
     assert 'imds_support = "v2.0"' in text
     assert 'temporary_key_pair_type = "ed25519"' in text
@@ -118,11 +153,14 @@ def test_staged_template_has_the_plugin_settings_and_requirements(tmp_path):
     plugins = (staged / "required_plugins.pkr.hcl").read_text()
     assert 'source  = "github.com/hashicorp/amazon"' in plugins
     assert 'source  = "github.com/hashicorp/ansible"' in plugins
+    assert 'source  = "github.com/hashicorp/azure"' in plugins
+    # The shared variables (image name, repo_root, ...) come with ansible.pkr.hcl.
+    assert 'variable "repo_root"' in (staged / "ansible.pkr.hcl").read_text()
 
 
 @pytest.mark.skipif(not shutil.which("packer"), reason="packer is not installed")
 def test_staged_template_is_formatted(tmp_path):
-    staged = packer_aws.stage_template(tmp_path / "t", REPO)
+    staged = stage(tmp_path / "t", REPO)
     result = subprocess.run(["packer", "fmt", "-check", str(staged)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -131,35 +169,27 @@ def test_stage_refuses_a_template_without_its_marker(tmp_path):
     root = tmp_path / "repo"
     shutil.copytree(REPO / "packer", root / "packer")
     aws = root / "packer" / "aws.pkr.hcl"
-    aws.write_text(aws.read_text().replace(packer_aws.MARKER, "# gone"))
+    aws.write_text(aws.read_text().replace(packer.MARKER, "# gone"))
     with pytest.raises(ClusterbakeError, match="must hold the line"):
-        packer_aws.stage_template(tmp_path / "t", root)
+        stage(tmp_path / "t", root)
 
 
 # --- -var values -------------------------------------------------------------------------------
 
 
-def test_packer_variables(tmp_path):
-    variables = packer_aws.aws_packer_variables(
-        {
-            "region": "eu-west-1",
-            "base": "ubuntu-24.04",
-            "features": ["cuda", "efa", "train-data"],
-            "validate_efa": True,
-        },
-        name="clusterbake-ubuntu-24.04-x",
-        revision="abc",
-        digest="d" * 64,
-        artifacts_dir=tmp_path / "a",
-        image_vars_file=tmp_path / "v.yml",
-        root=REPO,
+def test_packer_variables_come_from_the_config(tmp_path):
+    config = aws_config(
+        {"base": "ubuntu-24.04", "aws": {"region": "eu-west-1", "validate_efa": True, "features": ["aws", "cuda"]}}
     )
+    variables = packer_aws.AwsBuilder().packer_vars(config, run(tmp_path))
     assert variables["aws_region"] == "eu-west-1"
     assert variables["aws_base"] == "ubuntu-24.04"
     assert variables["aws_builder_instance_type"] == "g5.xlarge"
     assert variables["aws_volume_size_gb"] == "100"
     assert variables["aws_volume_encrypted"] == "true"
-    assert json.loads(variables["aws_ansible_groups"]) == ["slurm_head", "slurm_compute", "cuda", "efa", "train_data"]
+    assert variables["aws_subnet_id"] == "subnet-0123456789abcdef0"  # the cluster's, by default
+    groups = ["slurm_head", "slurm_compute", "aws", "cuda", "efa", "train_data"]
+    assert json.loads(variables["aws_ansible_groups"]) == groups
     assert (variables["validate_gpu"], variables["validate_efa"]) == ("true", "true")
     assert variables["versions_digest"] == "d" * 64
     assert variables["repo_root"] == str(REPO)
@@ -171,42 +201,58 @@ def test_packer_variables(tmp_path):
     assert set(variables) <= declared
 
 
-def test_default_base_is_the_configs_aws_default(tmp_path):
+def test_build_settings_default_to_the_cluster_and_the_schema(tmp_path):
+    variables = packer_aws.AwsBuilder().packer_vars(aws_config(), run(tmp_path))
     # ubuntu-24.04: its Slurm 23.11 has the cgroup/v2 plugin the AWS defaults need (roles/slurm/README.md).
-    variables = packer_aws.aws_packer_variables(
-        {"region": "eu-west-1"},
-        name="n",
-        revision="r",
-        digest="d",
-        artifacts_dir=tmp_path / "a",
-        image_vars_file=tmp_path / "v.yml",
-        root=REPO,
-    )
     assert variables["aws_base"] == DEFAULT_IMAGE_BASE["aws"] == "ubuntu-24.04"
+    assert variables["aws_region"] == "us-east-1"
+    groups = json.loads(variables["aws_ansible_groups"])
+    assert {"aws", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3", "train_data"} <= set(groups)
+    settings = {
+        "builder_instance_type": "p4d.24xlarge",
+        "subnet_id": "subnet-0fedcba9876543210",
+        "volume_size_gb": 200,
+        "volume_encrypted": False,
+        "kms_key_id": "alias/images",
+        "ssh_interface": "private_ip",
+        "validate_gpu": False,
+    }
+    variables = packer_aws.AwsBuilder().packer_vars(aws_config({"aws": settings}), run(tmp_path))
+    assert variables["aws_builder_instance_type"] == "p4d.24xlarge"
+    assert variables["aws_subnet_id"] == "subnet-0fedcba9876543210"
+    assert (variables["aws_volume_size_gb"], variables["aws_volume_encrypted"]) == ("200", "false")
+    assert (variables["aws_kms_key_id"], variables["aws_ssh_interface"]) == ("alias/images", "private_ip")
+    assert variables["validate_gpu"] == "false"
 
 
-@pytest.mark.parametrize(("settings", "error"), [({}, "need a region"), ({"region": "x", "base": "debian-12"}, "base")])
-def test_bad_settings(settings, error, tmp_path):
-    with pytest.raises(ClusterbakeError, match=error):
-        packer_aws.aws_packer_variables(
-            settings, name="n", revision="r", digest="d", artifacts_dir=tmp_path, image_vars_file=tmp_path / "v"
-        )
+def test_the_inputs_digest_is_the_settings_and_the_repository():
+    builder = packer_aws.AwsBuilder()
+    assert builder.inputs_digest(aws_config()) == builder.inputs_digest(aws_config())
+    assert builder.inputs_digest(aws_config()) != builder.inputs_digest(aws_config({"aws": {"volume_size_gb": 120}}))
+
+
+def test_bad_base():
+    config = aws_config({"base": "ubuntu-24.04"}).model_copy(
+        update={"image": aws_config().image.model_copy(update={"base": "debian-12"})}
+    )
+    with pytest.raises(ClusterbakeError, match=r"image\.base"):
+        packer_aws.aws_settings(config)
 
 
 # --- the build, with Packer replaced ---------------------------------------------------------------
 
 
 def test_build_refuses_packer_1_6_6(tmp_path, monkeypatch):
-    monkeypatch.setattr(packer_aws.packer, "packer_version", lambda: "1.6.6")
+    monkeypatch.setattr(packer, "packer_version", lambda: "1.6.6")
     with pytest.raises(ClusterbakeError, match=r"need Packer >= 1\.10"):
-        packer_aws.build_aws_image({"region": "us-east-1"}, tmp_path)
+        packer_aws.AwsBuilder().build(aws_config(), StateDir(tmp_path))
 
 
 def test_build_records_the_ami_and_reuses_it(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(packer_aws.packer, "packer_version", lambda: "1.11.2")
-    monkeypatch.setattr(packer_aws.packer, "packer_binary", lambda: "/usr/bin/packer")
-    monkeypatch.setattr(packer_aws, "run_logged", lambda argv, log, **kw: calls.append(("init", argv)))
+    monkeypatch.setattr(packer, "packer_version", lambda: "1.11.2")
+    monkeypatch.setattr(packer, "packer_binary", lambda: "/usr/bin/packer")
+    monkeypatch.setattr(packer, "run_logged", lambda argv, log, **kw: calls.append(("init", argv)))
 
     def fake_build(template, variables, log_file, only=None, env=None):
         calls.append(("build", only, template))
@@ -220,13 +266,23 @@ def test_build_records_the_ami_and_reuses_it(tmp_path, monkeypatch):
         versions = {"gpu": {"manifest_sha256": variables["versions_digest"]}, "os": {"distribution": "Ubuntu"}}
         (artifacts / "versions.json").write_text(json.dumps(versions))
 
-    monkeypatch.setattr(packer_aws.packer, "build", fake_build)
-    record = packer_aws.build_aws_image({"region": "us-east-1"}, tmp_path)
+    monkeypatch.setattr(packer, "build", fake_build)
+    state = StateDir(tmp_path)
+    image = packer_aws.AwsBuilder().build(aws_config(), state)
     assert calls[0] == ("init", ["/usr/bin/packer", "init", str(REPO / "packer/plugins")])
     assert calls[1][:2] == ("build", "amazon-ebs.ubuntu")
-    assert record["ami_id"] == "ami-0f9e8d7c6b5a49382"
-    assert record["manifest_digest"] == packer_aws.versions_digest(REPO)
-    assert json.loads((tmp_path / "images" / "aws-latest.json").read_text()) == record
+    assert (image.provider, image.image_id, image.location, image.reused) == (
+        "aws",
+        "ami-0f9e8d7c6b5a49382",
+        "us-east-1",
+        False,
+    )
+    record = json.loads((tmp_path / "images" / "aws-latest.json").read_text())
+    assert record == dict(image.data)
+    assert record["manifest_digest"] == versions_digest(REPO)
+    assert record["inputs_digest"] == packer_aws.AwsBuilder().inputs_digest(aws_config())
     # Same inputs, same region: no second build.
-    assert packer_aws.build_aws_image({"region": "us-east-1"}, tmp_path) == record
+    again = packer_aws.AwsBuilder().build(aws_config(), state)
+    assert again.reused and again.image_id == image.image_id
+    assert packer_aws.build_aws_image(aws_config(), state) == record
     assert len(calls) == 2

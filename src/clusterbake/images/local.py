@@ -1,19 +1,18 @@
-"""Local image builds: cached debootstrap base -> builder node -> packer -> versioned image.
+"""The local image: cached debootstrap base -> builder node -> packer null.local -> versioned image.
 
 An image is a directory images/<name>/ with rootfs/ and manifest.json. The
 inputs (image config, playbooks, roles, packer templates) are checksummed, as
-az-hop does, so an unchanged rebuild is a lookup.
+az-hop does, so an unchanged rebuild is a lookup in the store (images/store.py).
+The builder node is a systemd-nspawn machine on the host network (clusterbake.nspawn).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -22,141 +21,46 @@ from pathlib import Path
 
 import yaml
 
-from clusterbake import packer
 from clusterbake.config import ClusterConfig, extra_ca_files
-from clusterbake.errors import ClusterbakeError, MissingImageError
+from clusterbake.errors import ClusterbakeError
+from clusterbake.images import packer
+from clusterbake.images.base import PackerRun, ansible_playbook_command
+from clusterbake.images.inputs import BASE_PACKAGES, SUITE, base_key, builder_groups, local_inputs_digest
+from clusterbake.images.store import ImageRecord, ImageStore
+from clusterbake.nspawn import machines
 from clusterbake.paths import git_revision, repo_root
 from clusterbake.progress import phase, run_logged, say
-from clusterbake.providers.local import machines
 from clusterbake.state import StateDir
-from clusterbake.wheelhouse import ensure_wheelhouse, wheelhouse_key
+from clusterbake.wheelhouse import ensure_wheelhouse
 
-SUITE = {"debian-12": "bookworm"}
-# What a node needs before Ansible can reach it (python3-apt: Ansible's apt module;
-# nodes have no network to fetch it later).
-BASE_PACKAGES = [
-    "systemd",
-    "systemd-sysv",
-    "dbus",
-    "openssh-server",
-    "python3",
-    "python3-apt",
-    "iproute2",
-    "sudo",
-    "ca-certificates",
-    "procps",
-]
-INPUT_DIRS = ("ansible", "roles", "packer", "scripts/jobs")
+SOURCE = "null.local"
 
 
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+class LocalBuilder:
+    """The local provider's image (Debian 12 rootfs for nspawn nodes)."""
 
+    name = "local"
+    source = SOURCE
 
-def base_key(config: ClusterConfig) -> str:
-    spec = {"suite": SUITE[config.image.base], "mirror": config.image.mirror, "packages": BASE_PACKAGES}
-    return _digest(json.dumps(spec, sort_keys=True).encode())[:16]
+    def inputs_digest(self, config: ClusterConfig) -> str:
+        return local_inputs_digest(config)
 
+    def packer_vars(self, config: ClusterConfig, run: PackerRun) -> dict[str, str]:
+        if run.ssh_port is None or run.ssh_private_key_file is None:
+            raise ClusterbakeError("the local build needs the builder node's SSH port and key")
+        return {
+            "builder_ssh_port": str(run.ssh_port),
+            "builder_ssh_private_key_file": str(run.ssh_private_key_file),
+            "image_vars_file": str(run.image_vars_file),
+            "ansible_playbook_command": ansible_playbook_command(),
+            "ansible_groups": json.dumps(builder_groups(config)),
+        }
 
-def inputs_digest(config: ClusterConfig) -> str:
-    """Everything that changes what lands in the image."""
-    h = hashlib.sha256()
-    h.update(json.dumps(config.image.model_dump(), sort_keys=True).encode())
-    h.update(base_key(config).encode())
-    h.update(" ".join(builder_groups(config)).encode())
-    if "train" in builder_groups(config):
-        h.update(wheelhouse_key().encode())
-    for ca in extra_ca_files(config):
-        h.update(Path(ca).read_bytes())
-    hash_repository_inputs(h, repo_root())
-    return h.hexdigest()[:16]
-
-
-def hash_repository_inputs(h, root: Path) -> None:
-    """Add the files of the repository that go into an image (playbooks, roles, templates, job scripts)."""
-    for directory in INPUT_DIRS:
-        for path in sorted((root / directory).rglob("*")):
-            # Documentation does not change the image; a README edit must not force a rebuild.
-            if path.suffix == ".md" or "__pycache__" in path.parts or path.name.startswith(".packer"):
-                continue
-            if path.is_file():
-                h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-
-
-def builder_groups_for(features) -> list[str]:
-    """The builder joins every group a node will be in: features switch components on."""
-    return ["slurm_head", "slurm_compute", *sorted({str(f).replace("-", "_") for f in features})]
-
-
-def builder_groups(config: ClusterConfig) -> list[str]:
-    return builder_groups_for(f for group in config.node_groups for f in group.features)
-
-
-# Builder groups that put a cloud's boot steps (role cloud_boot) into an image.
-CLOUD_BOOT_GROUPS = frozenset({"aws", "azure"})
-
-
-class ImageStore:
-    """images/index.json maps an inputs digest to the image built from it."""
-
-    def __init__(self, state: StateDir):
-        self.dir = state.images
-        self.index_file = self.dir / "index.json"
-
-    def index(self) -> dict:
-        return json.loads(self.index_file.read_text()) if self.index_file.exists() else {}
-
-    def lookup(self, digest: str) -> Path | None:
-        name = self.index().get(digest)
-        if name and (self.dir / name / "manifest.json").exists():
-            return self.dir / name
-        return None
-
-    def latest(self, base: str | None = None, builder_groups: list[str] | None = None) -> Path | None:
-        """The newest local image; with `base` and `builder_groups`, the newest that can stand in
-        for an image of those: the same base, every one of the groups (its components), and no
-        cloud boot group the config lacks (a twin's image waits for a metadata service at boot)."""
-        manifests = sorted(self.dir.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
-        for path in reversed(manifests):
-            try:
-                manifest = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if base is not None and manifest.get("base") != base:
-                continue
-            if builder_groups is not None:
-                has = set(manifest.get("builder_groups") or ())
-                if not has >= set(builder_groups) or (has - set(builder_groups)) & CLOUD_BOOT_GROUPS:
-                    continue
-            return path.parent
-        return None
-
-    def record(self, digest: str, name: str) -> None:
-        index = self.index()
-        index[digest] = name
-        tmp = self.index_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-        tmp.replace(self.index_file)
-
-
-def find_image(config: ClusterConfig, state: StateDir) -> Path:
-    """The image for the current inputs, else the newest one (with a warning)."""
-    store = ImageStore(state)
-    exact = store.lookup(inputs_digest(config))
-    if exact:
-        return exact
-    groups = builder_groups(config)
-    latest = store.latest(base=config.image.base, builder_groups=groups)
-    if latest is None:
-        raise MissingImageError(
-            f"no {config.image.base} image with groups {', '.join(groups)} in {store.dir}; "
-            "run `make image` (clusterbake image build) first"
-        )
-    say(
-        f"    warning: roles, playbooks or image settings changed since {latest.name} was built; "
-        "`make image` bakes them in (the configure half runs anyway)"
-    )
-    return latest
+    def build(self, config: ClusterConfig, state: StateDir, *, force: bool = False) -> ImageRecord:
+        store = ImageStore(state)
+        digest = local_inputs_digest(config)
+        reused = not force and store.lookup(digest) is not None
+        return store.local_record(build_image(config, state, force=force), reused=reused)
 
 
 def ensure_base(config: ClusterConfig, state: StateDir, log_file: Path) -> Path:
@@ -258,8 +162,9 @@ def image_name(config: ClusterConfig) -> str:
 
 
 def build_image(config: ClusterConfig, state: StateDir, force: bool = False) -> Path:
+    """Bake the local image (or reuse the one of the same inputs unless force); its directory."""
     store = ImageStore(state)
-    digest = inputs_digest(config)
+    digest = local_inputs_digest(config)
     existing = store.lookup(digest)
     if existing and not force:
         say(f"==> image {existing.name} is up to date (inputs {digest}); FORCE=1 rebuilds")
@@ -294,18 +199,8 @@ def build_image(config: ClusterConfig, state: StateDir, force: bool = False) -> 
                 image_vars["training_env_wheelhouse"] = str(wheelhouse)
             vars_file.write_text(yaml.safe_dump(image_vars))
         with builder_node(build_dir / "rootfs", log_dir, port), phase("packer build (ansible/image.yml)"):
-            packer.build(
-                repo_root() / "packer",
-                {
-                    "builder_ssh_port": str(port),
-                    "builder_ssh_private_key_file": str(key),
-                    "image_vars_file": str(vars_file),
-                    "ansible_playbook_command": str(Path(sys.executable).with_name("ansible-playbook")),
-                    "ansible_groups": json.dumps(groups),
-                },
-                log_file,
-                only="null.local",
-            )
+            run = PackerRun(name=name, image_vars_file=vars_file, ssh_port=port, ssh_private_key_file=key)
+            packer.build(repo_root() / "packer", LocalBuilder().packer_vars(config, run), log_file, only=SOURCE)
         with phase("finish image"):
             root = build_dir / "rootfs"
             versions_file = root / "opt/clusterbake/versions.json"

@@ -1,5 +1,10 @@
 """A thin wrapper around the `packer` binary (the python-packer package is broken
 with any Packer >= 1.5). Reads `-machine-readable` output for progress and artifacts.
+
+Also what the cloud builders share about Packer versions (packer/README.md): cloud
+builds need Packer >= 1.10 with the plugins (`packer init packer/plugins`), and
+the template staged with packer/plugins/required_plugins.pkr.hcl, which Debian's
+Packer 1.6.6 rejects (it only validates the templates).
 """
 
 from __future__ import annotations
@@ -12,7 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterbake.errors import ClusterbakeError, CommandFailed
-from clusterbake.progress import run_logged, say
+from clusterbake.paths import repo_root
+from clusterbake.progress import phase, run_logged, say
+
+# Packer >= 1.7 has `packer init` and required_plugins; 1.10 dropped the bundled
+# amazon, azure and ansible plugins, so from there the plugins are a must.
+PLUGIN_PACKER = (1, 7, 0)
+BUILD_PACKER = (1, 10, 0)
+# Where a template takes its plugin-only settings (packer/plugins/<source type>.plugin-settings.hcl).
+MARKER = "# clusterbake:plugin-settings"
 
 
 @dataclass
@@ -96,3 +109,61 @@ def build(
             raise CommandFailed(f"{exc}\nprovisioner errors:\n" + "\n".join(fatal[:5]), exc.log_file) from None
         raise
     return result
+
+
+# --- Packer versions and plugin builds (the cloud builders) -----------------------------------
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+    if not match:
+        raise ClusterbakeError(f"cannot read a Packer version from {text!r}")
+    return tuple(int(part) for part in match.groups())
+
+
+def plugin_mode(version: str | None = None) -> bool:
+    """Whether this Packer takes required_plugins (and so the staged templates)."""
+    return parse_version(version or packer_version()) >= PLUGIN_PACKER
+
+
+def require_plugin_packer(what: str, why: str) -> str:
+    """The Packer version, if it can build `what` (>= 1.10 with plugins); else a ClusterbakeError."""
+    version = packer_version()
+    if parse_version(version) < BUILD_PACKER:
+        raise ClusterbakeError(
+            f"{what} builds need Packer >= {'.'.join(map(str, BUILD_PACKER))} with the plugins "
+            f"(this is {version}): {why}. Install Packer from HashiCorp, then `packer init packer/plugins`; "
+            "see packer/README.md"
+        )
+    return version
+
+
+def init_plugins(log_file: Path, root: Path | None = None) -> None:
+    """`packer init packer/plugins`: installs the plugins required_plugins.pkr.hcl pins."""
+    root = root or repo_root()
+    with phase("packer init (plugins)"):
+        run_logged([packer_binary(), "init", str(root / "packer/plugins")], log_file, what="packer init")
+
+
+def stage_template(
+    template: str, dest: Path | str, root: Path | None = None, plugin_settings: str | None = None
+) -> Path:
+    """A template directory for Packer >= 1.7: packer/<template> (with packer/plugins/<plugin_settings>
+    inserted at its marker line, when given), the shared variables (ansible.pkr.hcl) and the plugin
+    requirements. Paths in it point back to the checkout (var.repo_root)."""
+    root = root or repo_root()
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    text = (root / "packer" / template).read_text()
+    if plugin_settings:
+        settings = (root / "packer/plugins" / plugin_settings).read_text()
+        lines = text.splitlines(keepends=True)
+        marked = [i for i, line in enumerate(lines) if line.strip().startswith(MARKER)]
+        if len(marked) != 1:
+            raise ClusterbakeError(f"packer/{template} must hold the line '{MARKER}' once, found {len(marked)}")
+        lines[marked[0] : marked[0] + 1] = [settings if settings.endswith("\n") else settings + "\n"]
+        text = "".join(lines)
+    (dest / template).write_text(text)
+    shutil.copyfile(root / "packer/ansible.pkr.hcl", dest / "ansible.pkr.hcl")
+    shutil.copyfile(root / "packer/plugins/required_plugins.pkr.hcl", dest / "required_plugins.pkr.hcl")
+    return dest

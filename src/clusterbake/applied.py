@@ -1,0 +1,104 @@
+"""What the last configure applied: the digest of its inputs and the head's managed files
+and services. A `cluster up` whose inputs did not change and whose head shows no drift
+skips Ansible (a fast no-op); drift found on the head is reported, then configured away.
+
+Inputs: the inventory the play would get (every host's variables and the cluster's), the
+playbooks and roles, the cluster's secrets (munge key, passwords, tokens: their digest
+only) and the extra CA files. The head's state: sha256 of every file under the
+directories the head play manages, and whether its daemons are active.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterbake import remote
+from clusterbake.config import ClusterConfig, extra_ca_files
+from clusterbake.images.inputs import hash_repository_inputs
+from clusterbake.paths import repo_root
+from clusterbake.remote import Endpoint
+
+# What the head play writes (roles common, munge, slurm, slurm_power, shared_storage, node_join).
+HEAD_PATHS = ("/etc/slurm", "/etc/clusterbake", "/etc/munge", "/etc/exports", "/etc/exports.d", "/etc/systemd/system")
+HEAD_SERVICES = ("munge", "slurmctld")
+# Bundles the play renders (outputs, not inputs).
+RENDERED = ("join",)
+
+
+def inputs_digest(config: ClusterConfig, inventory: dict, secrets_dir: Path) -> str:
+    h = hashlib.sha256(json.dumps(inventory, sort_keys=True, default=str).encode())
+    hash_repository_inputs(h, repo_root())
+    if secrets_dir.exists():
+        for path in sorted(secrets_dir.rglob("*")):
+            relative = path.relative_to(secrets_dir)
+            if path.is_file() and relative.parts[0] not in RENDERED:
+                h.update(str(relative).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    for ca in extra_ca_files(config):
+        h.update(Path(ca).read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class HeadState:
+    files: dict[str, str]  # path -> sha256
+    services: dict[str, str]  # unit -> systemctl is-active
+
+    def as_dict(self) -> dict:
+        return {"files": self.files, "services": self.services}
+
+    def drift(self, applied: dict) -> list[str]:
+        """What differs from the state recorded after the last configure, in words."""
+        changes = []
+        before = applied.get("files", {})
+        for path in sorted(set(before) | set(self.files)):
+            if path not in self.files:
+                changes.append(f"{path} removed")
+            elif path not in before:
+                changes.append(f"{path} added")
+            elif before[path] != self.files[path]:
+                changes.append(f"{path} changed")
+        for unit, state in sorted(self.services.items()):
+            if state != applied.get("services", {}).get(unit, "active"):
+                changes.append(f"{unit} is {state}")
+        return changes
+
+
+def head_state(head: Endpoint) -> HeadState:
+    """One command on the head: the managed files' digests and the daemons' states."""
+    paths = " ".join(shlex.quote(p) for p in HEAD_PATHS)
+    command = (
+        f"find {paths} -xdev -type f -print0 2>/dev/null | sort -z | xargs -0r sha256sum; "
+        f"echo --; systemctl is-active {' '.join(HEAD_SERVICES)} || true"
+    )
+    text = remote.run(head, command, timeout=60).text()
+    listing, _, states = text.partition("--\n")
+    files = {}
+    for line in listing.splitlines():
+        digest, _, path = line.partition("  ")
+        if path:
+            files[path] = digest
+    return HeadState(files, dict(zip(HEAD_SERVICES, states.split(), strict=False)))
+
+
+def record_path(cluster_root: Path) -> Path:
+    return cluster_root / "applied.json"
+
+
+def read_record(cluster_root: Path) -> dict:
+    try:
+        return json.loads(record_path(cluster_root).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_record(cluster_root: Path, inputs: str, head: HeadState) -> None:
+    """After a configure that succeeded (digests only; 0600 all the same: they are of secrets)."""
+    path = record_path(cluster_root)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"inputs": inputs, "head": head.as_dict()}, indent=1, sort_keys=True) + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(path)

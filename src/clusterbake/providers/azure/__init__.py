@@ -1,0 +1,1 @@
+"""The azure provider: VMs in an existing virtual network and subnet, found again by their tags."""

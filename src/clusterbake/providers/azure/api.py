@@ -1,0 +1,151 @@
+"""Azure SDK clients, the credential, and one error policy for every call.
+
+Endpoint: Azure Resource Manager at `https://management.azure.com` unless
+`AZURE_RESOURCE_MANAGER_ENDPOINT` names another (a sovereign cloud, Azure Stack, or the
+twin): the only thing that tells clusterbake where ARM is, as AWS_ENDPOINT_URL does for
+boto3. Key Vault's data plane is reached at each vault's own `vaultUri`, as ARM reports it.
+
+Credential: azure-identity's DefaultAzureCredential, i.e. the standard environment
+(AZURE_CLIENT_ID / AZURE_TENANT_ID / AZURE_CLIENT_SECRET, workload identity, a managed
+identity, including the App Service form IDENTITY_ENDPOINT / IDENTITY_HEADER), then the
+Azure CLI's login. TLS: the SDK's (requests') verification, with its standard
+REQUESTS_CA_BUNDLE; proxies from HTTPS_PROXY / NO_PROXY.
+
+Long-running operations poll as ARM's Retry-After says (azure-core's default otherwise).
+Throttling (429) and transient 5xx are retried by azure-core's RetryPolicy with
+exponential backoff; every other error reaches the caller at once (AllocationFailed must
+reach the group's rollback, not be retried).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from clusterbake.errors import ClusterbakeError
+
+ARM_ENDPOINT_ENV = "AZURE_RESOURCE_MANAGER_ENDPOINT"
+PUBLIC_ARM = "https://management.azure.com"
+ARM_SCOPE = "https://management.azure.com/.default"
+
+
+def arm_endpoint() -> str:
+    return (os.environ.get(ARM_ENDPOINT_ENV) or PUBLIC_ARM).rstrip("/")
+
+
+@functools.cache
+def credential():
+    from azure.identity import DefaultAzureCredential
+
+    return DefaultAzureCredential(exclude_interactive_browser_credential=True)
+
+
+def _options() -> dict:
+    return {"base_url": arm_endpoint(), "user_agent": "clusterbake"}
+
+
+class Clients:
+    """The management clients of one subscription, made when first used."""
+
+    def __init__(self, subscription_id: str):
+        self.subscription_id = subscription_id
+
+    @functools.cached_property
+    def compute(self):
+        from azure.mgmt.compute import ComputeManagementClient
+
+        return ComputeManagementClient(credential(), self.subscription_id, **_options())
+
+    @functools.cached_property
+    def network(self):
+        from azure.mgmt.network import NetworkManagementClient
+
+        return NetworkManagementClient(credential(), self.subscription_id, **_options())
+
+    @functools.cached_property
+    def resources(self):
+        from azure.mgmt.resource.resources import ResourceManagementClient
+
+        return ResourceManagementClient(credential(), self.subscription_id, **_options())
+
+    @functools.cached_property
+    def msi(self):
+        from azure.mgmt.msi import ManagedServiceIdentityClient
+
+        return ManagedServiceIdentityClient(credential(), self.subscription_id, **_options())
+
+    @functools.cached_property
+    def keyvault(self):
+        from azure.mgmt.keyvault import KeyVaultManagementClient
+
+        return KeyVaultManagementClient(credential(), self.subscription_id, **_options())
+
+    def secrets(self, vault_url: str):
+        from azure.keyvault.secrets import SecretClient
+
+        return SecretClient(vault_url, credential())
+
+
+def caller_identity() -> tuple[str, str]:
+    """(object id, tenant id) of the principal this process runs as: the `oid` and `tid` claims of its
+    ARM token (a JWT), as `az ad signed-in-user show` would tell, without a Graph call."""
+    token = credential().get_token(ARM_SCOPE).token
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return claims["oid"], claims["tid"]
+
+
+def error_code(exc: BaseException) -> str:
+    error = getattr(exc, "error", None)
+    return getattr(error, "code", None) or ""
+
+
+def not_found(exc: BaseException) -> bool:
+    from azure.core.exceptions import ResourceNotFoundError
+
+    return isinstance(exc, ResourceNotFoundError) or error_code(exc) in ("ResourceNotFound", "NotFound")
+
+
+def get_or_none(operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`operation(...)`, or None when the resource does not exist."""
+    from azure.core.exceptions import HttpResponseError
+
+    try:
+        return operation(*args, **kwargs)
+    except HttpResponseError as exc:
+        if not_found(exc):
+            return None
+        raise
+
+
+def message(exc: BaseException) -> str:
+    error = getattr(exc, "error", None)
+    if error is not None and getattr(error, "code", None):
+        return f"{error.code}: {error.message}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def azure_errors(method: Callable) -> Callable:
+    """Turn the SDK's exceptions into ClusterbakeError: a message, no traceback."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError
+
+        try:
+            return method(*args, **kwargs)
+        except ClientAuthenticationError as exc:
+            raise ClusterbakeError(
+                "Azure: no credentials (set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET, use a managed "
+                f"identity, or run `az login`): {str(exc).splitlines()[0]}"
+            ) from None
+        except HttpResponseError as exc:
+            raise ClusterbakeError(f"Azure: {message(exc)}") from exc
+        except AzureError as exc:
+            raise ClusterbakeError(f"Azure: {exc}") from exc
+
+    return wrapper

@@ -1,0 +1,751 @@
+"""The azure provider: VMs in an existing virtual network and subnet, found again by their tags.
+
+Everything is in azure.resource_group and tagged clusterbake-cluster=<cluster> (resources.py
+lists what and why). `cluster up` checks first (checks.py, read-only), then creates what is
+missing: a re-run creates nothing. Each node group's VMs are created together; if any of
+them fails (AllocationFailed, SkuNotAvailable, quota) the group's new VMs are deleted again
+and the error names the size, zone and count. `cluster down` deletes every tagged resource
+(and purges the soft-deleted vault, and the resource group when clusterbake created it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import cached_property
+from pathlib import Path
+
+from clusterbake import remote
+from clusterbake.config import ClusterConfig, NodeGroup
+from clusterbake.errors import ClusterbakeError, ConfigError
+from clusterbake.images.store import azure_image_source, find_azure_image
+from clusterbake.inventory import build_inventory
+from clusterbake.plan import NodeSpec, address_pool, assign_addresses
+from clusterbake.progress import say
+from clusterbake.providers.aws.userdata import user_data
+from clusterbake.providers.azure import checks, resources, tags
+from clusterbake.providers.azure.api import Clients, azure_errors, caller_identity, get_or_none, message
+from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, azure_plan, uses_infiniband
+from clusterbake.providers.base import NodeStatus, Provider
+from clusterbake.remote import Endpoint
+from clusterbake.state import StateDir
+
+# Azure keeps the first four addresses of a subnet (network, gateway, 2 x DNS) and the last:
+# hosts() starts at .1, so nodes start after the third host address.
+RESERVED_FIRST_HOSTS = 3
+SSH_READY_TIMEOUT = 600.0
+# Delete order of `cluster down`: what holds on to what comes first.
+DELETE_ORDER = (
+    "Microsoft.Compute/virtualMachines",
+    "Microsoft.Network/networkInterfaces",
+    "Microsoft.Compute/disks",
+    "Microsoft.Compute/virtualMachineScaleSets",
+    "Microsoft.Compute/proximityPlacementGroups",
+    "Microsoft.Network/networkSecurityGroups",
+    "Microsoft.Network/applicationSecurityGroups",
+    "Microsoft.ManagedIdentity/userAssignedIdentities",
+    "Microsoft.KeyVault/vaults",
+)
+
+
+class AzureProvider(Provider):
+    # Tags, not the state file, say what exists: a failed group rolls its own VMs back, the
+    # rest stays for the next try; `cluster down` removes it.
+    destroy_after_failed_first_provision = False
+
+    def __init__(self, config: ClusterConfig, state: StateDir, clients: Clients | None = None):
+        if config.azure is None:
+            raise ConfigError("azure: required with provider azure")
+        super().__init__(config, state)
+        self.azure = config.azure
+        self.clients = clients or Clients(self.azure.subscription_id)
+        self._subnet: checks.Subnet | None = None
+        self._infos: dict[str, SkuInfo] | None = None
+
+    # --- what the config means on Azure ----------------------------------------------------
+
+    @cached_property
+    def catalogue(self) -> Catalogue:
+        return Catalogue(self.clients.compute, self.azure.location)
+
+    @property
+    def infos(self) -> dict[str, SkuInfo]:
+        if self._infos is None:
+            self._infos = checks.check_sizes(self.config, self.catalogue)
+        return self._infos
+
+    @property
+    def subnet(self) -> checks.Subnet:
+        if self._subnet is None:
+            self._subnet = checks.check_subnet(self.clients.network, self.config)
+        return self._subnet
+
+    def planned(self) -> list[NodeSpec]:
+        """Every planned node with its Slurm spec from the VM sizes (azure_plan)."""
+        return azure_plan(self.config, self.infos)
+
+    def _group(self, name: str) -> NodeGroup | None:
+        return next((g for g in self.config.node_groups if g.name == name), None)
+
+    def _size(self, node: NodeSpec) -> str:
+        group = self._group(node.nodegroup)
+        return group.instance_type if group else self.config.head.instance_type
+
+    def _wants_placement_group(self, group: NodeGroup) -> bool:
+        return True if group.placement_group is None else group.placement_group
+
+    @property
+    def vault_name(self) -> str:
+        return self.azure.key_vault_name or resources.vault_name(
+            self.config.cluster_name, self.azure.subscription_id, self.azure.resource_group
+        )
+
+    def addresses(self, vms: dict[str, dict] | None = None, in_use: set[str] | None = None) -> dict[str, str]:
+        """Every planned node's private address, kept for good (state.json, else the NIC's). A new node
+        takes the highest free address of the subnet (Azure's Dynamic allocation takes the lowest);
+        `in_use`: addresses other NICs of the subnet hold, never given to a new node."""
+        kept = {name: node.get("address") for name, node in self.cluster.read_state().get("nodes", {}).items()}
+        kept |= {name: vm["address"] for name, vm in (vms or {}).items() if vm.get("address")}
+        pool = address_pool(self.subnet.prefix, skip_first=RESERVED_FIRST_HOSTS, from_top=True)
+        if in_use:
+            ours = {vm.get("address") for vm in (vms or {}).values()}
+            pool = [a for a in pool if a not in in_use or a in ours]
+        return assign_addresses([n.name for n in self.nodes], pool, kept, self.azure.subnet_field)
+
+    def _addresses_in_use(self) -> set[str]:
+        """Private addresses of every NIC in the subnet (other clusters', anyone's): a paged listing."""
+        subnet = self.subnet.id.lower()
+        return {
+            config.private_ip_address
+            for nic in self.clients.network.network_interfaces.list_all()
+            for config in nic.ip_configurations or []
+            if config.subnet is not None and (config.subnet.id or "").lower() == subnet and config.private_ip_address
+        }
+
+    # --- discovery ------------------------------------------------------------------------
+
+    def cluster_vms(self, power: bool = False) -> dict[str, dict]:
+        """The cluster's VMs by node name (tag clusterbake-name), paged listing of the resource group;
+        with `power` each one's power state from its instance view."""
+        cluster = self.config.cluster_name
+        group = get_or_none(self.clients.resources.resource_groups.get, self.azure.resource_group)
+        if group is None:
+            return {}
+        found: dict[str, dict] = {}
+        for vm in self.clients.compute.virtual_machines.list(self.azure.resource_group):
+            vm_tags = vm.tags or {}
+            if vm_tags.get(tags.CLUSTER) != cluster or not vm_tags.get(tags.NAME):
+                continue
+            found[vm_tags[tags.NAME]] = {
+                "id": vm.id,
+                "name": vm.name,
+                "size": vm.hardware_profile.vm_size,
+                "zone": (vm.zones or [None])[0],
+                "state": vm.provisioning_state,
+                "placement_group": vm.proximity_placement_group.id if vm.proximity_placement_group else None,
+                "scale_set": vm.virtual_machine_scale_set.id if vm.virtual_machine_scale_set else None,
+                "nic": vm.network_profile.network_interfaces[0].id,
+            }
+        for name, vm in found.items():
+            nic = get_or_none(
+                self.clients.network.network_interfaces.get, self.azure.resource_group, vm["nic"].rsplit("/", 1)[-1]
+            )
+            vm["address"] = nic.ip_configurations[0].private_ip_address if nic else None
+            if power:
+                view = self.clients.compute.virtual_machines.instance_view(self.azure.resource_group, vm["name"])
+                codes = [s.code for s in view.statuses or []]
+                vm["power"] = next((c.split("/", 1)[1] for c in codes if c.startswith("PowerState/")), "unknown")
+                found[name] = vm
+        return found
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def find_image(self) -> str:
+        """azure.image, else the image the image store recorded (images/azure-latest.json)."""
+        return find_azure_image(self.config, self.state)
+
+    @azure_errors
+    def validate(self) -> None:
+        """Subnet, VM sizes (location, zone, restrictions, InfiniBand, spot), quota, room in the subnet:
+        read-only calls."""
+        self._subnet = checks.check_subnet(self.clients.network, self.config)
+        self._infos = checks.check_sizes(self.config, self.catalogue)
+        checks.check_quota(self.config, self.clients.compute, self._infos, set(self.cluster_vms()))
+        self.addresses()  # a subnet too small for the planned nodes is a config error
+
+    def _check_image(self, image: str) -> None:
+        if not image.startswith("/"):
+            return  # a marketplace URN: Azure checks it when the first VM is created
+        found = get_or_none(self.clients.resources.resources.get_by_id, image, api_version="2024-03-01")
+        if found is None:
+            field = azure_image_source(self.config, self.state)
+            raise ConfigError(f"{field}: image {image} does not exist (or is not shared with this subscription)")
+
+    @azure_errors
+    def provision(self, image: Path | str | None) -> None:
+        image = str(image) if image else self.find_image()
+        self._check_image(image)
+        rg = self.azure.resource_group
+        self.cluster.ensure_secrets()
+        self._ensure_group()
+        asg_id = self._ensure_asg()
+        nsg_id = self._ensure_nsg(asg_id)
+        identity = self._ensure_identity()
+        vault_url = self._ensure_vault(identity["principal_id"])
+        placement = {}
+        for group in self.config.node_groups:
+            placement[group.name] = self._ensure_group_placement(group)
+        existing = self.cluster_vms()
+        addresses = self.addresses(existing, in_use=self._addresses_in_use())
+        planned = self.planned()
+        static = [n for n in planned if not n.elastic]
+        extra = sorted(set(existing) - {n.name for n in planned})
+        if extra:
+            say(f"    warning: VMs not in the config: {', '.join(extra)} (`cluster down` removes them)")
+        self._start_stopped({n.name: existing[n.name] for n in static if n.name in existing})
+        missing = [n for n in static if n.name not in existing]
+        if not missing:
+            say(f"    all {len(static)} nodes exist")
+        public_key = self.cluster.ssh_key.with_suffix(".pub").read_text().strip()
+        context = {
+            "image": image,
+            "nsg_id": nsg_id,
+            "asg_id": asg_id,
+            "identity": identity,
+            "vault_url": vault_url,
+            "public_key": public_key,
+        }
+        failures = []
+        for nodegroup in ["head", *(g.name for g in self.config.node_groups)]:
+            nodes = [n for n in missing if n.nodegroup == nodegroup]
+            if nodes:
+                try:
+                    self._create_group(nodegroup, nodes, addresses, placement.get(nodegroup, {}), context)
+                except ClusterbakeError as exc:
+                    failures.append(str(exc))
+        self._write_state(image, addresses, vault_url, identity)
+        if failures:
+            raise ClusterbakeError("\n".join(failures))
+        say(f"    {len(static)} nodes provisioned in {rg}")
+
+    def _ensure_group(self) -> None:
+        rg = self.azure.resource_group
+        api = self.clients.resources.resource_groups
+        found = get_or_none(api.get, rg)
+        if found is None:
+            api.create_or_update(
+                rg,
+                {
+                    "location": self.azure.location,
+                    "tags": {**tags.cluster_tags(self.config.cluster_name), tags.CREATED_GROUP: "true"},
+                },
+            )
+            say(f"    resource group {rg} created")
+        elif found.location.replace(" ", "").lower() != self.azure.location:
+            say(
+                f"    note: resource group {rg} is in {found.location}; "
+                f"the cluster's resources go to {self.azure.location}"
+            )
+
+    def _ensure_asg(self) -> str:
+        name = resources.cluster_name(self.config.cluster_name)
+        api = self.clients.network.application_security_groups
+        found = get_or_none(api.get, self.azure.resource_group, name)
+        if found is not None:
+            self._owned(found.tags, f"application security group {name}")
+            return found.id
+        created = api.begin_create_or_update(
+            self.azure.resource_group,
+            name,
+            {"location": self.azure.location, "tags": tags.cluster_tags(self.config.cluster_name)},
+        ).result()
+        say(f"    application security group {name} created")
+        return created.id
+
+    def _ensure_nsg(self, asg_id: str) -> str:
+        name = resources.cluster_name(self.config.cluster_name)
+        api = self.clients.network.network_security_groups
+        rules = resources.security_rules(asg_id, self.azure.ssh_cidrs)
+        found = get_or_none(api.get, self.azure.resource_group, name)
+        if found is not None:
+            self._owned(found.tags, f"network security group {name}")
+            if not resources.rules_differ(found.security_rules or [], rules):
+                return found.id
+        result = api.begin_create_or_update(
+            self.azure.resource_group,
+            name,
+            {
+                "location": self.azure.location,
+                "tags": tags.cluster_tags(self.config.cluster_name),
+                "properties": {"securityRules": rules},
+            },
+        ).result()
+        say(f"    network security group {name} {'updated' if found else 'created'} (SSH from {self.azure.ssh_cidrs})")
+        return result.id
+
+    def _ensure_identity(self) -> dict:
+        name = resources.identity_name(self.config.cluster_name)
+        api = self.clients.msi.user_assigned_identities
+        found = get_or_none(api.get, self.azure.resource_group, name)
+        if found is None:
+            found = api.create_or_update(
+                self.azure.resource_group,
+                name,
+                {"location": self.azure.location, "tags": tags.cluster_tags(self.config.cluster_name)},
+            )
+            say(f"    managed identity {name} created")
+        else:
+            self._owned(found.tags, f"managed identity {name}")
+        return {"id": found.id, "principal_id": found.principal_id, "client_id": found.client_id}
+
+    def _ensure_vault(self, node_principal: str) -> str:
+        name = self.vault_name
+        api = self.clients.keyvault.vaults
+        caller, tenant = caller_identity()
+        policies = [
+            {"tenantId": tenant, "objectId": caller, "permissions": {"secrets": ["get", "set", "list", "delete"]}},
+            {"tenantId": tenant, "objectId": node_principal, "permissions": {"secrets": ["get"]}},
+        ]
+        found = get_or_none(api.get, self.azure.resource_group, name)
+        if found is None and get_or_none(api.get_deleted, name, self.azure.location) is not None:
+            # A vault of this name was deleted (soft delete keeps it for its retention days): recover it.
+            api.begin_create_or_update(
+                self.azure.resource_group,
+                name,
+                {
+                    "location": self.azure.location,
+                    "properties": {
+                        "tenantId": tenant,
+                        "sku": {"family": "A", "name": "standard"},
+                        "createMode": "recover",
+                    },
+                },
+            ).result()
+            say(f"    key vault {name} recovered (it was soft-deleted)")
+            found = get_or_none(api.get, self.azure.resource_group, name)
+        if found is not None:
+            self._owned(found.tags, f"key vault {name}")
+            have = {(p.object_id, tuple(sorted(p.permissions.secrets or []))) for p in found.properties.access_policies}
+            want = {(p["objectId"], tuple(sorted(p["permissions"]["secrets"]))) for p in policies}
+            if want <= have:
+                return found.properties.vault_uri
+        vault = api.begin_create_or_update(
+            self.azure.resource_group,
+            name,
+            {
+                "location": self.azure.location,
+                "tags": tags.cluster_tags(self.config.cluster_name),
+                "properties": {
+                    "tenantId": tenant,
+                    "sku": {"family": "A", "name": "standard"},
+                    "accessPolicies": policies,
+                    "enableRbacAuthorization": False,
+                },
+            },
+        ).result()
+        say(f"    key vault {name} {'updated' if found else 'created'} ({vault.properties.vault_uri})")
+        return vault.properties.vault_uri
+
+    def _ensure_group_placement(self, group: NodeGroup) -> dict:
+        """The group's proximity placement group and (InfiniBand) Flexible scale set ids."""
+        cluster = self.config.cluster_name
+        name = resources.group_resource_name(cluster, group.name)
+        result: dict = {}
+        zone = {"zones": [self.azure.zone]} if self.azure.zone else {}
+        if self._wants_placement_group(group):
+            api = self.clients.compute.proximity_placement_groups
+            found = get_or_none(api.get, self.azure.resource_group, name)
+            if found is None:
+                found = api.create_or_update(
+                    self.azure.resource_group,
+                    name,
+                    {
+                        "location": self.azure.location,
+                        "tags": tags.node_tags(cluster, "compute", group.name),
+                        "properties": {
+                            "proximityPlacementGroupType": "Standard",
+                            "intent": {"vmSizes": [group.instance_type]},
+                        },
+                        **zone,
+                    },
+                )
+                say(f"    proximity placement group {name} created")
+            result["placement_group"] = found.id
+        if uses_infiniband(group, self.infos[group.instance_type]):
+            api = self.clients.compute.virtual_machine_scale_sets
+            found = get_or_none(api.get, self.azure.resource_group, name)
+            if found is None:
+                properties: dict = {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1}
+                if result.get("placement_group"):
+                    properties["proximityPlacementGroup"] = {"id": result["placement_group"]}
+                found = api.begin_create_or_update(
+                    self.azure.resource_group,
+                    name,
+                    {
+                        "location": self.azure.location,
+                        "tags": tags.node_tags(cluster, "compute", group.name),
+                        "properties": properties,
+                        **zone,
+                    },
+                ).result()
+                say(f"    scale set {name} created (Flexible; one InfiniBand fabric for the group)")
+            result["scale_set"] = found.id
+        return result
+
+    def _owned(self, resource_tags: dict | None, what: str) -> None:
+        if (resource_tags or {}).get(tags.CLUSTER) != self.config.cluster_name:
+            raise ClusterbakeError(
+                f"{what} in {self.azure.resource_group} exists but is not tagged "
+                f"{tags.CLUSTER}={self.config.cluster_name}; rename the cluster or delete it"
+            )
+
+    def _join_source(self, node: NodeSpec, context: dict) -> dict | None:
+        if node.role != "compute":
+            return None  # the head is configured by Ansible
+        return {
+            "cloud": "azure",
+            "vault_url": context["vault_url"],
+            "secret_name": resources.secret_name(node.nodegroup),
+            "client_id": context["identity"]["client_id"],
+        }
+
+    def _create_group(
+        self, nodegroup: str, nodes: list[NodeSpec], addresses: dict[str, str], placement: dict, context: dict
+    ) -> None:
+        """Create the group's missing VMs together; all or nothing: a failure deletes what this call created."""
+        cluster = self.config.cluster_name
+        rg = self.azure.resource_group
+        group = self._group(nodegroup)
+        size = self._size(nodes[0])
+        zone_text = f" zone {self.azure.zone}" if self.azure.zone else ""
+        say(f"    creating {len(nodes)} x {size} ({nodegroup}) in {self.azure.location}{zone_text}")
+        network = self.clients.network.network_interfaces
+        compute = self.clients.compute.virtual_machines
+        nic_pollers = {}
+        for node in nodes:
+            node_tags = tags.node_tags(cluster, node.role, node.nodegroup, node.name)
+            body = resources.nic_body(
+                location=self.azure.location,
+                subnet_id=self.subnet.id,
+                address=addresses[node.name],
+                nsg_id=context["nsg_id"],
+                asg_id=context["asg_id"],
+                node_tags=node_tags,
+            )
+            nic_pollers[node.name] = network.begin_create_or_update(rg, resources.nic_name(cluster, node.name), body)
+        errors: dict[str, str] = {}
+        nics = {}
+        for name, poller in nic_pollers.items():
+            try:
+                nics[name] = poller.result().id
+            except Exception as exc:  # collected: the group is rolled back below
+                errors[name] = message(exc)
+        vm_pollers = {}
+        for node in nodes:
+            if node.name not in nics or errors:
+                continue
+            body = resources.vm_body(
+                location=self.azure.location,
+                zone=self.azure.zone,
+                size=size,
+                image=context["image"],
+                computer_name=node.name,
+                admin_user=self.azure.admin_user,
+                public_key=context["public_key"],
+                custom_data=user_data(
+                    cluster=cluster,
+                    hostname=node.name,
+                    ssh_user=self.azure.admin_user,
+                    authorized_keys=[context["public_key"]],
+                    join=self._join_source(node, context),
+                ),
+                nic_id=nics[node.name],
+                identity_id=context["identity"]["id"],
+                node_tags=tags.node_tags(cluster, node.role, node.nodegroup, node.name),
+                spot=bool(group and group.spot),
+                placement_group_id=placement.get("placement_group"),
+                scale_set_id=placement.get("scale_set"),
+            )
+            try:
+                vm_pollers[node.name] = compute.begin_create_or_update(rg, resources.vm_name(cluster, node.name), body)
+            except Exception as exc:  # collected: the group is rolled back below
+                errors[node.name] = message(exc)
+        for name, poller in vm_pollers.items():
+            try:
+                poller.result()
+            except Exception as exc:
+                errors[name] = message(exc)
+        if not errors:
+            return
+        say(f"    {nodegroup}: {len(errors)} of {len(nodes)} VMs failed; deleting the group's new VMs")
+        deleting = [compute.begin_delete(rg, resources.vm_name(cluster, n)) for n in vm_pollers]
+        for poller in deleting:
+            poller.result()
+        for name in nics:  # NICs of VMs that were never created (a VM's own goes with it)
+            get_or_none(lambda n=name: network.begin_delete(rg, resources.nic_name(cluster, n)).result())
+        first = sorted(errors.items())[0]
+        raise ClusterbakeError(
+            f"node group {nodegroup}: Azure could not create {len(nodes)} x {size} in {self.azure.location}"
+            f"{zone_text} ({first[0]}: {first[1]}); none of the group's new VMs was kept. Try another zone "
+            "(azure.zone), another size, fewer nodes, or later"
+        )
+
+    def _start_stopped(self, existing: dict[str, dict]) -> None:
+        if not existing:
+            return
+        vms = self.cluster_vms(power=True)
+        stopped = [vm for name, vm in vms.items() if name in existing and vm.get("power") in ("deallocated", "stopped")]
+        if not stopped:
+            return
+        say(f"    starting {len(stopped)} stopped VM(s)")
+        pollers = [
+            self.clients.compute.virtual_machines.begin_start(self.azure.resource_group, vm["name"]) for vm in stopped
+        ]
+        for poller in pollers:
+            poller.result()
+
+    def _write_state(self, image: str, addresses: dict[str, str], vault_url: str, identity: dict) -> None:
+        vms = self.cluster_vms()
+        nodes: dict[str, dict] = {name: {"address": address} for name, address in addresses.items()}
+        for name, vm in vms.items():
+            if name in nodes:
+                nodes[name] = {"vm_id": vm["id"], "address": vm.get("address") or addresses[name]}
+        self.cluster.write_state(
+            {
+                "cluster": self.config.cluster_name,
+                "provider": "azure",
+                "image": image,
+                "subscription_id": self.azure.subscription_id,
+                "location": self.azure.location,
+                "zone": self.azure.zone,
+                "resource_group": self.azure.resource_group,
+                "key_vault": vault_url,
+                "identity": identity,
+                "nodes": dict(sorted(nodes.items())),
+            }
+        )
+
+    @azure_errors
+    def after_configure(self) -> None:
+        """Publish each node group's join bundle as the vault's `join-<group>` secret (when it changed)."""
+        vault = get_or_none(self.clients.keyvault.vaults.get, self.azure.resource_group, self.vault_name)
+        if vault is None:
+            raise ClusterbakeError(f"key vault {self.vault_name} is missing; run `clusterbake cluster up`")
+        client = self.clients.secrets(vault.properties.vault_uri)
+        for group in self.config.node_groups:
+            path = self.cluster.join_bundles / f"{group.name}.json"
+            if not path.exists():
+                continue
+            value = path.read_text()
+            name = resources.secret_name(group.name)
+            current = get_or_none(client.get_secret, name)
+            if current is not None and current.value == value:
+                continue
+            client.set_secret(
+                name, value, content_type="application/json", tags=tags.cluster_tags(self.config.cluster_name)
+            )
+            say(f"    join bundle of {group.name} published ({vault.properties.vault_uri}secrets/{name})")
+
+    @azure_errors
+    def wait_ready(self, timeout: float = SSH_READY_TIMEOUT) -> None:
+        head = self.cluster_vms().get("head", {})
+        if not head.get("address"):
+            raise ClusterbakeError("the head has no VM (or no address yet); `clusterbake cluster up` creates it")
+        try:
+            remote.wait_ready({"head": self._endpoint_to("head", head["address"])}, timeout)
+        except remote.HostKeyError:
+            raise
+        except remote.RemoteError as exc:
+            raise ClusterbakeError(
+                f"{exc}\ncheck azure.ssh_cidrs / azure.bastion and the VMs' boot diagnostics"
+            ) from exc
+
+    @azure_errors
+    def start_node(self, name: str) -> None:
+        self.node(name)
+        vm = self.cluster_vms(power=True).get(name)
+        if vm is None:
+            raise ClusterbakeError(f"node {name} has no VM; `clusterbake cluster up` creates it")
+        if vm.get("power") not in ("running", "starting"):
+            self.clients.compute.virtual_machines.begin_start(self.azure.resource_group, vm["name"]).result()
+
+    @azure_errors
+    def stop_node(self, name: str) -> None:
+        self.node(name)
+        vm = self.cluster_vms(power=True).get(name)
+        if vm is None or vm.get("power") == "deallocated":
+            return
+        self.tell_slurm_down(name, "stopped by clusterbake node stop")
+        # Deallocate: a stopped (powered off) VM still bills its compute.
+        self.clients.compute.virtual_machines.begin_deallocate(self.azure.resource_group, vm["name"]).result()
+
+    @azure_errors
+    def destroy(self) -> list[str]:
+        """Delete every resource tagged clusterbake-cluster=<cluster> (VMs first), purge the vault, and the
+        resource group when clusterbake created it and nothing else is left in it."""
+        cluster = self.config.cluster_name
+        rg = self.azure.resource_group
+        removed: list[str] = []
+        api = self.clients.resources
+        group = get_or_none(api.resource_groups.get, rg)
+        if group is not None:
+            found = list(api.resources.list_by_resource_group(rg, filter=tags.tag_filter(cluster)))
+            # OS disks carry no tags: those of the cluster's VMs that were kept (deleteOption Detach).
+            prefix = f"{cluster}-"
+            disks = [d for d in self.clients.compute.disks.list_by_resource_group(rg) if d.name.startswith(prefix)]
+            by_type: dict[str, list] = {}
+            for resource in found:
+                by_type.setdefault(resource.type, []).append(resource)
+            by_type.setdefault("Microsoft.Compute/disks", []).extend(d for d in disks if not d.managed_by)
+            for kind in DELETE_ORDER:
+                items = by_type.pop(kind, [])
+                if items:
+                    removed += self._delete_all(kind, items)
+            for kind, items in by_type.items():
+                removed += self._delete_all(kind, items)
+            left = list(api.resources.list_by_resource_group(rg))
+            if (group.tags or {}).get(tags.CREATED_GROUP) == "true" and (group.tags or {}).get(tags.CLUSTER) == cluster:
+                if left:
+                    say(f"    keeping resource group {rg}: it holds {len(left)} resource(s) clusterbake did not create")
+                else:
+                    api.resource_groups.begin_delete(rg).result()
+                    removed.append(f"resource group {rg}")
+        deleted = get_or_none(self.clients.keyvault.vaults.get_deleted, self.vault_name, self.azure.location)
+        if deleted is not None:
+            self.clients.keyvault.vaults.begin_purge_deleted(self.vault_name, self.azure.location).result()
+            removed.append(f"soft-deleted key vault {self.vault_name} (purged)")
+        if self.cluster.root.exists():
+            shutil.rmtree(self.cluster.root)
+            removed.append(f"state {self.cluster.root}")
+        return removed
+
+    def _delete_all(self, kind: str, items: list) -> list[str]:
+        rg = self.azure.resource_group
+        compute, network = self.clients.compute, self.clients.network
+        label = kind.split("/")[-1]
+        pollers = []
+        for item in items:
+            name = item.name
+            if kind == "Microsoft.Compute/virtualMachines":
+                pollers.append(compute.virtual_machines.begin_delete(rg, name))
+            elif kind == "Microsoft.Network/networkInterfaces":
+                pollers.append(network.network_interfaces.begin_delete(rg, name))
+            elif kind == "Microsoft.Compute/disks":
+                pollers.append(compute.disks.begin_delete(rg, name))
+            elif kind == "Microsoft.Compute/virtualMachineScaleSets":
+                pollers.append(compute.virtual_machine_scale_sets.begin_delete(rg, name))
+            elif kind == "Microsoft.Compute/proximityPlacementGroups":
+                compute.proximity_placement_groups.delete(rg, name)
+            elif kind == "Microsoft.Network/networkSecurityGroups":
+                pollers.append(network.network_security_groups.begin_delete(rg, name))
+            elif kind == "Microsoft.Network/applicationSecurityGroups":
+                pollers.append(network.application_security_groups.begin_delete(rg, name))
+            elif kind == "Microsoft.ManagedIdentity/userAssignedIdentities":
+                self.clients.msi.user_assigned_identities.delete(rg, name)
+            elif kind == "Microsoft.KeyVault/vaults":
+                self.clients.keyvault.vaults.delete(rg, name)
+            else:
+                pollers.append(self.clients.resources.resources.begin_delete_by_id(item.id, api_version="2024-03-01"))
+        for poller in pollers:
+            poller.result()
+        return sorted(f"{label} {item.name}" for item in items)
+
+    # --- queries --------------------------------------------------------------------------
+
+    @azure_errors
+    def status(self) -> list[NodeStatus]:
+        vms = self.cluster_vms(power=True)
+        addresses = self.addresses(vms)
+        result = []
+        for node in self.nodes:
+            vm = vms.get(node.name)
+            if vm is None:
+                result.append(NodeStatus(node.name, node.role, node.nodegroup, addresses[node.name], "absent"))
+                continue
+            shown = "running" if vm.get("power") in ("running", "starting") else "stopped"
+            detail = f"{vm['name']} {vm['size']} {vm.get('power')}"
+            result.append(NodeStatus(node.name, node.role, node.nodegroup, vm.get("address"), shown, detail))
+        return result
+
+    @azure_errors
+    def inventory(self) -> dict:
+        """Every planned node at its planned address, with `clusterbake_running` from the VM's instance
+        view; VMs tagged clusterbake-cluster (CLUSTERBAKE_CLUSTER or the config's name). A cluster
+        without any VM (not provisioned) has no hosts."""
+        cluster = os.environ.get("CLUSTERBAKE_CLUSTER") or self.config.cluster_name
+        if cluster != self.config.cluster_name:
+            self.config = self.config.model_copy(update={"cluster_name": cluster})
+        vms = self.cluster_vms(power=True)
+        extra = {**self._connection_vars(), "node_join_self_join": True}
+        if any(entry.type == "nfs" for entry in self.config.effective_storage()):
+            extra["clusterbake_subnet_cidr"] = self.subnet.prefix
+        if not vms:
+            return build_inventory(self.config, [], {}, extra_vars=extra)
+        addresses = self.addresses(vms)
+        nodes = self.planned()
+        hostvars = {}
+        for node in nodes:
+            vm = vms.get(node.name)
+            group = self._group(node.nodegroup)
+            placement = None
+            if group is not None and self._wants_placement_group(group):
+                placement = resources.group_resource_name(self.config.cluster_name, group.name)
+            hostvars[node.name] = {
+                "clusterbake_vm_id": vm["id"] if vm else None,
+                "clusterbake_vm_name": vm["name"] if vm else resources.vm_name(self.config.cluster_name, node.name),
+                "clusterbake_instance_type": self._size(node),
+                "clusterbake_zone": (vm or {}).get("zone") or self.azure.zone,
+                "clusterbake_location": self.azure.location,
+                "clusterbake_placement_group": placement,
+                "clusterbake_scale_set": ((vm or {}).get("scale_set") or "").rsplit("/", 1)[-1] or None,
+                "clusterbake_power_state": (vm or {}).get("power", "absent"),
+                "clusterbake_running": bool(vm and vm.get("power") == "running"),
+            }
+        return build_inventory(self.config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
+
+    def _connection_vars(self) -> dict:
+        return {
+            "ansible_user": self.azure.admin_user,
+            "ansible_become": True,
+            "ansible_ssh_private_key_file": str(self.cluster.ssh_key),
+            "ansible_ssh_common_args": " ".join(self._ssh_options()),
+            "munge_key_file": str(self.cluster.munge_key),
+            "node_join_controller_dir": str(self.cluster.join_bundles),
+            "clusterbake_azure_location": self.azure.location,
+            "fabric_socket_ifname": self.azure.network_interface,
+        }
+
+    def _ssh_options(self) -> list[str]:
+        options = [
+            "-o",
+            f"UserKnownHostsFile={self.cluster.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+        if self.azure.bastion:
+            options += ["-o", f"ProxyJump={self.azure.bastion}"]
+        return options
+
+    @azure_errors
+    def endpoint(self, node: str) -> Endpoint:
+        self.node(node)
+        vm = self.cluster_vms().get(node)
+        if vm is None or not vm.get("address"):
+            raise ClusterbakeError(f"node {node} has no VM; `clusterbake cluster up` creates it")
+        return self._endpoint_to(node, vm["address"])
+
+    def _endpoint_to(self, node: str, address: str) -> Endpoint:
+        return Endpoint(
+            name=node,
+            host=address,
+            user=self.azure.admin_user,
+            key_file=self.cluster.ssh_key,
+            known_hosts=self.cluster.known_hosts,
+            host_key_policy="accept-new",
+            sudo=True,
+            gateway=self.azure.bastion,
+        )

@@ -1,0 +1,236 @@
+"""Names and request bodies of what the azure provider creates (ARM's REST shapes).
+
+In azure.resource_group, all tagged clusterbake-cluster=<cluster>:
+- application security group and network security group `clusterbake-<cluster>`: every
+  node's NIC is in the ASG; the NSG (on every NIC) allows TCP 22 from each of
+  azure.ssh_cidrs, everything from the ASG to the ASG (the cluster), and denies the rest
+  of the virtual network (Azure's default rule AllowVnetInBound would admit it);
+- user-assigned managed identity `clusterbake-<cluster>-nodes` (the nodes read their join
+  bundle with it, and later storage);
+- Key Vault (vault_name(): names are global) with a secret `join-<group>` per node group;
+  access policies: the caller (set, get, list, delete), the nodes' identity (get);
+- per node group a proximity placement group and, for InfiniBand groups, a VM scale set with
+  Flexible orchestration `clusterbake-<cluster>-<group>` (VMs of one scale set share an
+  InfiniBand fabric; Microsoft's ND/HB docs);
+- per node a NIC `<cluster>-<node>-nic` with its planned static private address and a VM
+  `<cluster>-<node>` (computer name = node name), OS disk and NIC deleted with the VM; its
+  customData (cloud-init) and userData (IMDS: the boot service) say where the bundle is.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+from clusterbake.providers.azure import tags
+
+SSH_PRIORITY = 100  # 100, 101, ... one rule per CIDR
+CLUSTER_PRIORITY = 1000
+DENY_VNET_PRIORITY = 4000
+
+
+def cluster_name(cluster: str) -> str:
+    return f"clusterbake-{cluster}"
+
+
+def identity_name(cluster: str) -> str:
+    return f"clusterbake-{cluster}-nodes"
+
+
+def group_resource_name(cluster: str, nodegroup: str) -> str:
+    return f"clusterbake-{cluster}-{nodegroup}"
+
+
+def vm_name(cluster: str, node: str) -> str:
+    return f"{cluster}-{node}"
+
+
+def nic_name(cluster: str, node: str) -> str:
+    return f"{cluster}-{node}-nic"
+
+
+def secret_name(nodegroup: str) -> str:
+    return f"join-{nodegroup}"
+
+
+def vault_name(cluster: str, subscription_id: str, resource_group: str) -> str:
+    """cb<cluster without dashes, 14 at most><8 hex of subscription/group/cluster>: 3-24 characters, global."""
+    digest = hashlib.sha256(f"{subscription_id}/{resource_group}/{cluster}".lower().encode()).hexdigest()[:8]
+    return f"cb{cluster.replace('-', '')[:14]}{digest}"
+
+
+def security_rules(asg_id: str, ssh_cidrs: list[str]) -> list[dict]:
+    rules = [
+        {
+            "name": f"ssh-{index}",
+            "properties": {
+                "priority": SSH_PRIORITY + index,
+                "direction": "Inbound",
+                "access": "Allow",
+                "protocol": "Tcp",
+                "sourceAddressPrefix": cidr,
+                "sourcePortRange": "*",
+                "destinationApplicationSecurityGroups": [{"id": asg_id}],
+                "destinationPortRange": "22",
+                "description": "clusterbake: SSH from azure.ssh_cidrs",
+            },
+        }
+        for index, cidr in enumerate(ssh_cidrs)
+    ]
+    rules.append(
+        {
+            "name": "cluster",
+            "properties": {
+                "priority": CLUSTER_PRIORITY,
+                "direction": "Inbound",
+                "access": "Allow",
+                "protocol": "*",
+                "sourceApplicationSecurityGroups": [{"id": asg_id}],
+                "sourcePortRange": "*",
+                "destinationApplicationSecurityGroups": [{"id": asg_id}],
+                "destinationPortRange": "*",
+                "description": "clusterbake: all traffic within the cluster",
+            },
+        }
+    )
+    rules.append(
+        {
+            "name": "deny-vnet",
+            "properties": {
+                "priority": DENY_VNET_PRIORITY,
+                "direction": "Inbound",
+                "access": "Deny",
+                "protocol": "*",
+                "sourceAddressPrefix": "VirtualNetwork",
+                "sourcePortRange": "*",
+                "destinationAddressPrefix": "*",
+                "destinationPortRange": "*",
+                "description": "clusterbake: nothing else of the virtual network",
+            },
+        }
+    )
+    return rules
+
+
+def rules_differ(current: list, desired: list[dict]) -> bool:
+    """Whether the NSG's rules (SDK models) differ from `desired` (names, priorities, sources, ports)."""
+
+    def key(name, priority, source, source_groups, port):
+        return (name, priority, source or "", tuple(sorted(g.lower() for g in source_groups)), port or "")
+
+    have = {
+        key(
+            r.name,
+            r.priority,
+            r.source_address_prefix,
+            [g.id for g in r.source_application_security_groups or []],
+            r.destination_port_range,
+        )
+        for r in current
+    }
+    want = {
+        key(
+            r["name"],
+            r["properties"]["priority"],
+            r["properties"].get("sourceAddressPrefix"),
+            [g["id"] for g in r["properties"].get("sourceApplicationSecurityGroups", [])],
+            r["properties"]["destinationPortRange"],
+        )
+        for r in desired
+    }
+    return have != want
+
+
+def image_reference(image: str) -> dict:
+    """A resource id as {id}, a marketplace URN publisher:offer:sku:version as its four parts."""
+    if image.startswith("/"):
+        return {"id": image}
+    publisher, offer, sku, version = image.split(":")
+    return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
+
+
+def nic_body(*, location: str, subnet_id: str, address: str, nsg_id: str, asg_id: str, node_tags: dict) -> dict:
+    return {
+        "location": location,
+        "tags": node_tags,
+        "properties": {
+            "ipConfigurations": [
+                {
+                    "name": "ipconfig1",
+                    "properties": {
+                        "subnet": {"id": subnet_id},
+                        "privateIPAllocationMethod": "Static",
+                        "privateIPAddress": address,
+                        "applicationSecurityGroups": [{"id": asg_id}],
+                    },
+                }
+            ],
+            "networkSecurityGroup": {"id": nsg_id},
+            "enableAcceleratedNetworking": True,
+        },
+    }
+
+
+def vm_body(
+    *,
+    location: str,
+    zone: str | None,
+    size: str,
+    image: str,
+    computer_name: str,
+    admin_user: str,
+    public_key: str,
+    custom_data: str,
+    nic_id: str,
+    identity_id: str,
+    node_tags: dict,
+    spot: bool = False,
+    placement_group_id: str | None = None,
+    scale_set_id: str | None = None,
+) -> dict:
+    body: dict = {
+        "location": location,
+        "tags": node_tags,
+        "identity": {"type": "UserAssigned", "userAssignedIdentities": {identity_id: {}}},
+        "properties": {
+            "hardwareProfile": {"vmSize": size},
+            "storageProfile": {
+                "imageReference": image_reference(image),
+                "osDisk": {
+                    "createOption": "FromImage",
+                    "caching": "ReadWrite",
+                    "deleteOption": "Delete",
+                    "managedDisk": {"storageAccountType": "Premium_LRS"},
+                },
+            },
+            "osProfile": {
+                "computerName": computer_name,
+                "adminUsername": admin_user,
+                # Where the join bundle is, never the bundle (custom data is readable from IMDS).
+                "customData": base64.b64encode(custom_data.encode()).decode(),
+                "linuxConfiguration": {
+                    "disablePasswordAuthentication": True,
+                    "ssh": {
+                        "publicKeys": [{"path": f"/home/{admin_user}/.ssh/authorized_keys", "keyData": public_key}]
+                    },
+                },
+            },
+            "networkProfile": {"networkInterfaces": [{"id": nic_id, "properties": {"deleteOption": "Delete"}}]},
+            # The same document as userData: Azure's IMDS serves userData (the image's boot service reads it
+            # there, role cloud_boot), never customData (cloud-init's, through the provisioning agent).
+            "userData": base64.b64encode(custom_data.encode()).decode(),
+        },
+    }
+    if zone:
+        body["zones"] = [zone]
+    if spot:
+        body["properties"] |= {"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}}
+    if placement_group_id:
+        body["properties"]["proximityPlacementGroup"] = {"id": placement_group_id}
+    if scale_set_id:
+        body["properties"]["virtualMachineScaleSet"] = {"id": scale_set_id}
+    return body
+
+
+def cluster_tag(cluster: str) -> dict[str, str]:
+    return tags.cluster_tags(cluster)

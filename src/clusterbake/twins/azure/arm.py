@@ -1,0 +1,775 @@
+"""An HTTPS fake of Azure Resource Manager, driven through the real azure-mgmt SDK clients.
+
+    python -m clusterbake.twins.azure.arm --dir DIR [--port 0] [--proxy-port 0]
+
+Writes `DIR/endpoints.json` once listening: the ARM URL, the proxy URL, the CA file, the
+subscription and tenant, and the environment a client needs (`env`). The resources and
+Azure's rules are in state.py; this module is the wire protocol:
+
+- **URLs** are ARM's (`/subscriptions/{s}/resourceGroups/{g}/providers/{ns}/{type}/{name}`,
+  case-insensitive), every ARM request needs `api-version` (MissingApiVersionParameter,
+  InvalidApiVersionParameter otherwise) and a bearer token the twin issued
+  (AuthenticationFailed / InvalidAuthenticationToken, 401).
+- **Long-running operations**: PUT answers 201 (200 on update) with the resource in
+  provisioningState Creating/Updating, DELETE and actions 202; both with
+  `Azure-AsyncOperation` (status `InProgress` -> `Succeeded`/`Failed` with `error`),
+  `Location` (202 until done) and `Retry-After: 1`.
+- **Errors**: `{"error": {"code", "message", "target"}}` with Azure's codes.
+- **Paging**: lists answer `value` and `nextLink` (`$skiptoken`), `page_size` items a page.
+- **Tokens** (clients authenticate as an App Service managed identity, a documented
+  azure-identity source): `GET /msi/token?api-version=2019-08-01&resource=...` with the
+  `X-IDENTITY-HEADER` secret; `client_id=` asks for a user-assigned identity's token.
+  Tokens are HMAC-signed JWTs holding the principal's `oid`.
+- **Key Vault data plane** at the vault's real URL `https://<vault>.vault.azure.net/`:
+  clients reach it through the twin's CONNECT proxy (`HTTPS_PROXY`), which only tunnels
+  `*.vault.azure.net:443` and terminates TLS with the twin's certificate. Key Vault's
+  challenge (401 with `WWW-Authenticate: Bearer authorization=..., resource=...`), then
+  access policies decide; secrets are versioned, delete is soft.
+- **Test switches** (`/_twin/...`, no token needed): `PUT /_twin/capacity`
+  `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
+  `{"<location>": {"<usage name>": limit}}`, `GET /_twin/state` (everything, for tests),
+  `GET /_twin/vms/<name>/custom-data` (what a VM was given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import socket
+import ssl
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
+
+from clusterbake.twins.azure import skus
+from clusterbake.twins.azure.state import ArmError, ArmState, Operation, ResourceId
+from clusterbake.twins.azure.tls import make_certificates, server_context
+
+API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}(-preview)?$")
+KEYVAULT_API_VERSION = re.compile(r"^(\d+\.\d+(-preview(\.\d+)?)?|\d{4}-\d{2}-\d{2}(-preview)?)$")
+VAULT_HOST = re.compile(r"^([a-z0-9-]{3,24})\.vault\.azure\.net:443$")
+ARM_AUDIENCE = "https://management.azure.com"
+VAULT_AUDIENCE = "https://vault.azure.net"
+TOKEN_SECONDS = 3600
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Twin:
+    """The twin's state, its signing key and its settings, shared by both listeners."""
+
+    def __init__(self, state: ArmState, directory: Path, page_size: int = 25, identity_header: str | None = None):
+        self.state = state
+        self.directory = directory
+        self.page_size = page_size
+        self.key = secrets.token_bytes(32)
+        self.identity_header = identity_header or secrets.token_hex(16)
+        self.controller_oid = str(state.guid("controller"))
+        self.state_file = directory / "state.json"
+        self.base_url = ""  # set once listening
+
+    def token(self, oid: str, audience: str, app_id: str) -> tuple[str, int]:
+        expires = int(time.time()) + TOKEN_SECONDS
+        header = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+        payload = _b64(
+            json.dumps(
+                {
+                    "aud": audience,
+                    "iss": f"https://sts.windows.net/{self.state.tenant}/",
+                    "oid": oid,
+                    "tid": self.state.tenant,
+                    "appid": app_id,
+                    "exp": expires,
+                    "iat": int(time.time()),
+                }
+            ).encode()
+        )
+        signature = _b64(hmac.new(self.key, f"{header}.{payload}".encode(), hashlib.sha256).digest())
+        return f"{header}.{payload}.{signature}", expires
+
+    def verify(self, authorization: str | None, audience: str) -> dict:
+        if not authorization:
+            raise ArmError(
+                401,
+                "AuthenticationFailed",
+                "Authentication failed. The 'Authorization' header is missing.",
+            )
+        scheme, _, token = authorization.partition(" ")
+        parts = token.split(".")
+        if scheme.lower() != "bearer" or len(parts) != 3:
+            raise ArmError(401, "AuthenticationFailed", "Authentication failed. The 'Authorization' header is invalid.")
+        expected = _b64(hmac.new(self.key, f"{parts[0]}.{parts[1]}".encode(), hashlib.sha256).digest())
+        if not hmac.compare_digest(expected, parts[2]):
+            raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.")
+        claims = json.loads(_unb64(parts[1]))
+        if claims["exp"] < time.time():
+            raise ArmError(401, "ExpiredAuthenticationToken", "The access token expiry UTC time is in the past.")
+        if claims["aud"].rstrip("/") != audience:
+            raise ArmError(
+                401,
+                "InvalidAuthenticationTokenAudience",
+                f"The access token has been obtained for wrong audience or resource '{claims['aud']}'. It should "
+                f"exactly match with one of the allowed audiences '{audience}'.",
+            )
+        return claims
+
+    def save(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state.snapshot(), indent=1, sort_keys=True))
+        tmp.replace(self.state_file)
+
+
+class Reply(Exception):
+    """A response to send: status, JSON body (or None), headers."""
+
+    def __init__(self, status: int, body=None, headers: dict | None = None):
+        super().__init__(status)
+        self.status, self.body, self.headers = status, body, headers or {}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "clusterbake-azure-twin"
+    twin: Twin  # set on the subclass per server
+
+    def log_message(self, format, *args):
+        sys.stderr.write(f"{self.address_string()} {format % args}\n")
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ArmError(
+                400, "InvalidRequestContent", "The request content was invalid and could not be deserialized."
+            ) from None
+
+    def _send(self, status: int, body=None, headers: dict | None = None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        request_id = self.headers.get("x-ms-client-request-id") or secrets.token_hex(16)
+        self.send_header("x-ms-request-id", request_id)
+        self.send_header("x-ms-correlation-request-id", request_id)
+        if body is not None:
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if data and self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _dispatch(self) -> None:
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        mutating = self.command in ("PUT", "DELETE", "POST", "PATCH")
+        try:
+            body = self._body() if self.command in ("PUT", "POST", "PATCH") else {}
+            with self.twin.state.lock:
+                self.twin.state.advance()
+                self.route(split.path, query, body)
+        except Reply as reply:
+            if mutating or reply.headers.get("Azure-AsyncOperation"):
+                with self.twin.state.lock:
+                    self.twin.save()
+            self._send(reply.status, reply.body, reply.headers)
+        except ArmError as error:
+            headers = {"x-ms-failure-cause": "gateway"} if error.status == 401 else {}
+            if error.status == 401:
+                headers["WWW-Authenticate"] = (
+                    f'Bearer authorization_uri="https://login.microsoftonline.com/{self.twin.state.tenant}", '
+                    'error="invalid_token"'
+                )
+            self._send(error.status, error.body(), headers)
+        except Exception as exc:  # a twin bug: Azure's 500 shape, and the traceback in the log
+            import traceback
+
+            traceback.print_exc()
+            self._send(500, {"error": {"code": "InternalServerError", "message": f"twin: {exc!r}"}})
+
+    do_GET = do_PUT = do_DELETE = do_POST = do_PATCH = do_HEAD = _dispatch
+
+    def route(self, path: str, query: dict, body) -> None:
+        raise NotImplementedError
+
+
+class ArmHandler(Handler):
+    def route(self, path: str, query: dict, body) -> None:
+        state = self.twin.state
+        if path.startswith("/_twin/"):
+            self.twin_route(path, body)
+        if path == "/msi/token":
+            self.msi_token(query)
+        version = query.get("api-version")
+        if version is None:
+            raise ArmError(
+                400,
+                "MissingApiVersionParameter",
+                "The api-version query parameter (?api-version=) is required for all requests.",
+            )
+        if not API_VERSION.match(version):
+            raise ArmError(
+                400,
+                "InvalidApiVersionParameter",
+                f"The api-version '{version}' is invalid. The supported versions are dates such as '2024-07-01'.",
+            )
+        self.claims = self.twin.verify(self.headers.get("Authorization"), ARM_AUDIENCE)
+        parts = [p for p in path.split("/") if p]
+        lower = [p.lower() for p in parts]
+        if len(parts) < 2 or lower[0] != "subscriptions":
+            raise ArmError(404, "InvalidResourceType", f"The resource path '{path}' is not known to this twin.")
+        subscription = parts[1]
+        state.check_subscription(subscription)
+        rest, rest_lower = parts[2:], lower[2:]
+        if not rest:
+            raise Reply(
+                200,
+                {
+                    "id": f"/subscriptions/{state.subscription}",
+                    "subscriptionId": state.subscription,
+                    "tenantId": state.tenant,
+                    "displayName": "clusterbake twin",
+                    "state": "Enabled",
+                },
+            )
+        if rest_lower[0] == "resourcegroups":
+            self.groups_route(subscription, rest, rest_lower, query, body)
+        if rest_lower[0] == "resources" and len(rest) == 1 and self.command == "GET":
+            self.list_resources(subscription, None, query)
+        if rest_lower[0] == "providers" and len(rest) >= 2:
+            self.subscription_provider_route(subscription, rest, rest_lower, query, body)
+        raise ArmError(404, "InvalidResourceType", f"The resource path '{path}' is not known to this twin.")
+
+    # --- twin switches and tokens ----------------------------------------------------------
+
+    def twin_route(self, path: str, body) -> None:
+        state = self.twin.state
+        if path == "/_twin/capacity" and self.command == "PUT":
+            state.capacity = {k.lower(): dict(v) for k, v in (body or {}).items()}
+            raise Reply(200, state.capacity)
+        if path == "/_twin/quota" and self.command == "PUT":
+            state.quota = {k.lower(): dict(v) for k, v in (body or {}).items()}
+            raise Reply(200, state.quota)
+        if path == "/_twin/state" and self.command == "GET":
+            raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid})
+        match = re.fullmatch(r"/_twin/vms/([^/]+)/custom-data", path)
+        if match and self.command == "GET":
+            for vm in state.resources.values():
+                if vm["type"] == "Microsoft.Compute/virtualMachines" and vm["name"] == match.group(1):
+                    raise Reply(200, {"customData": vm.get("_custom_data"), "userData": vm.get("_user_data")})
+            raise ArmError(404, "ResourceNotFound", f"no VM {match.group(1)}")
+        raise ArmError(404, "NotFound", f"{self.command} {path}: no such twin switch")
+
+    def msi_token(self, query: dict) -> None:
+        """App Service managed identity protocol (IDENTITY_ENDPOINT / IDENTITY_HEADER)."""
+        if self.headers.get("X-IDENTITY-HEADER") != self.twin.identity_header:
+            raise Reply(401, {"statusCode": 401, "message": "X-IDENTITY-HEADER is missing or wrong"})
+        if query.get("api-version") != "2019-08-01":
+            raise Reply(400, {"statusCode": 400, "message": "api-version 2019-08-01 is required"})
+        resource = query.get("resource", "").removesuffix("/.default").rstrip("/")
+        if resource not in (ARM_AUDIENCE, VAULT_AUDIENCE):
+            raise Reply(400, {"statusCode": 400, "message": f"unknown resource {resource!r}"})
+        client_id = query.get("client_id")
+        if client_id:
+            identity = self.twin.state.identity_by_client_id(client_id)
+            if identity is None:
+                raise Reply(
+                    400, {"statusCode": 400, "message": f"no user-assigned identity with client id {client_id}"}
+                )
+            oid, app = identity["properties"]["principalId"], client_id
+        else:
+            oid, app = self.twin.controller_oid, "clusterbake-controller"
+        token, expires = self.twin.token(oid, resource, app)
+        raise Reply(
+            200,
+            {
+                "access_token": token,
+                "expires_on": str(expires),
+                "resource": resource,
+                "token_type": "Bearer",
+                "client_id": app,
+            },
+        )
+
+    # --- responses --------------------------------------------------------------------------
+
+    def page(self, items: list, query: dict) -> None:
+        start = int(query.get("$skiptoken") or 0)
+        size = self.twin.page_size
+        body: dict = {"value": items[start : start + size]}
+        if start + size < len(items):
+            split = urlsplit(self.path)
+            params = {k: v for k, v in query.items() if k != "$skiptoken"} | {"$skiptoken": str(start + size)}
+            body["nextLink"] = f"{self.twin.base_url}{split.path}?{urlencode(params, quote_via=quote)}"
+        raise Reply(200, body)
+
+    def lro(self, status: int, body, op: Operation | None, version: str) -> None:
+        if op is None:
+            raise Reply(status, body)
+        base = (
+            f"{self.twin.base_url}/subscriptions/{self.twin.state.subscription}/providers/{op.namespace}"
+            f"/locations/{op.location}"
+        )
+        headers = {"Azure-AsyncOperation": f"{base}/operations/{op.id}?api-version={version}", **_retry_after(op)}
+        if status == 202:
+            headers["Location"] = f"{base}/operationResults/{op.id}?api-version={version}"
+        raise Reply(status, body, headers)
+
+    # --- resource groups --------------------------------------------------------------------
+
+    def groups_route(self, subscription, rest, lower, query, body) -> None:
+        state = self.twin.state
+        if len(rest) == 1:
+            if self.command != "GET":
+                raise ArmError(405, "MethodNotAllowed", "Use GET to list resource groups.")
+            groups = [g for _, g in sorted(state.groups.items())]
+            tag = _tag_filter(query.get("$filter"))
+            if tag is not None:
+                groups = [g for g in groups if tag[0] in g["tags"] and (tag[1] is None or g["tags"][tag[0]] == tag[1])]
+            self.page(groups, query)
+        name = rest[1]
+        if len(rest) == 2:
+            if self.command == "PUT":
+                status, group = state.put_group(name, body)
+                raise Reply(status, group)
+            if self.command == "GET":
+                raise Reply(200, state.group(name))
+            if self.command == "HEAD":
+                raise Reply(204 if name.lower() in state.groups else 404)
+            if self.command == "PATCH":
+                group = state.group(name)
+                if "tags" in body:
+                    group["tags"] = state._tags(body["tags"])
+                raise Reply(200, group)
+            if self.command == "DELETE":
+                op = state.delete_group(name)
+                if op is None:
+                    raise ArmError(404, "ResourceGroupNotFound", f"Resource group '{name}' could not be found.")
+                self.lro(202, None, op, query["api-version"])
+        if len(rest) == 3 and lower[2] == "resources" and self.command == "GET":
+            self.list_resources(subscription, name, query)
+        if len(rest) >= 4 and lower[2] == "providers":
+            self.resource_route(subscription, name, rest[3:], query, body)
+        raise ArmError(404, "InvalidResourceType", f"The resource path '{self.path}' is not known to this twin.")
+
+    def list_resources(self, subscription, group, query) -> None:
+        text = query.get("$filter")
+        tag = _tag_filter(text)
+        rtype = None
+        if text and (match := re.search(r"resourceType eq '([^']+)'", text)):
+            rtype = match.group(1)
+        self.page(self.twin.state.generic_list(subscription, group, tag, rtype), query)
+
+    def resource_route(self, subscription, group, rest, query, body) -> None:
+        """rest: [namespace, type, name, (childtype, childname)*, (action)?]"""
+        state = self.twin.state
+        version = query["api-version"]
+        namespace = rest[0]
+        tail = rest[1:]
+        if len(tail) % 2 == 1:
+            if len(tail) == 1:  # a collection of top-level resources
+                if self.command != "GET":
+                    raise ArmError(405, "MethodNotAllowed", f"{self.command} on a collection")
+                self.page(state.list(subscription, group, f"{namespace}/{tail[0]}".lower()), query)
+            # a child collection or an action on a resource
+            parent = ResourceId(subscription, group, namespace, tail[:-1][0::2], tail[:-1][1::2])
+            last = tail[-1]
+            parent_type = parent.type_key
+            if parent_type == "microsoft.compute/virtualmachines" and self.command == "POST":
+                vm_parent = state.resources.get(parent.key)
+                if vm_parent is None:
+                    raise ArmError(
+                        404, "ResourceNotFound", f"The Resource '{parent.type_name}/{parent.name}' was not found."
+                    )
+                op = state.vm_action(parent, last)
+                if op is None:
+                    raise Reply(200 if last.lower() != "simulateeviction" else 204)
+                self.lro(202, None, op, version)
+            if parent_type == "microsoft.compute/virtualmachines" and last.lower() == "instanceview":
+                vm = state.get(parent)
+                raise Reply(200, state.instance_view(state.resources[parent.key]) if vm else None)
+            if self.command == "GET" and state.resources.get(parent.key) is not None:
+                child_type = f"{parent_type}/{last}".lower()
+                self.page(state.list(subscription, group, child_type, parent=str(parent)), query)
+            state.get(parent)  # 404 for the parent
+            raise ArmError(404, "InvalidResourceType", f"'{last}' is not known to this twin.")
+        rid = ResourceId(subscription, group, namespace, tail[0::2], tail[1::2])
+        if self.command == "GET":
+            resource = state.get(rid)
+            if rid.type_key == "microsoft.compute/virtualmachines" and query.get("$expand") == "instanceView":
+                resource = state.view(state.resources[rid.key], expand_instance_view=True)
+            raise Reply(200, resource)
+        if self.command == "PUT":
+            status, resource, op = state.put(rid, body)
+            self.lro(status, resource, op, version)
+        if self.command == "PATCH":
+            existing = state.get(rid)
+            merged = {**existing, **{k: v for k, v in body.items() if k != "properties"}}
+            merged["properties"] = {**existing.get("properties", {}), **(body.get("properties") or {})}
+            status, resource, op = state.put(rid, merged)
+            self.lro(200, resource, op, version)
+        if self.command == "DELETE":
+            status, op = state.delete(rid)
+            self.lro(status, None, op, version)
+        raise ArmError(405, "MethodNotAllowed", f"{self.command} is not supported here")
+
+    # --- subscription-level providers ---------------------------------------------------------
+
+    def subscription_provider_route(self, subscription, rest, lower, query, body) -> None:
+        state = self.twin.state
+        namespace = lower[1]
+        tail, tail_lower = rest[2:], lower[2:]
+        if namespace == "microsoft.compute" and tail_lower == ["skus"]:
+            location = None
+            if (match := re.search(r"location eq '([^']+)'", query.get("$filter") or "")) is not None:
+                location = match.group(1)
+            self.page(skus.catalogue(location), query)
+        if len(tail) >= 2 and tail_lower[0] == "locations":
+            location = tail_lower[1]
+            if namespace == "microsoft.compute" and tail_lower[2:] == ["usages"]:
+                usage = state.usage(location)
+                items = [
+                    {
+                        "unit": "Count",
+                        "currentValue": current,
+                        "limit": limit,
+                        "name": {"value": name, "localizedValue": localized},
+                    }
+                    for name, (current, limit, localized) in usage.items()
+                ]
+                self.page(items, query)
+            if len(tail) == 4 and tail_lower[2] in ("operations", "asyncoperations", "operationresults"):
+                op = state.operation(tail[3])
+                wait = _retry_after(op)
+                if tail_lower[2] == "operationresults":
+                    if op.status == "InProgress":
+                        raise Reply(202, None, {"Location": self.twin.base_url + self.path, **wait})
+                    if op.status == "Failed":
+                        raise ArmError(409, op.error["code"], op.error["message"])
+                    raise Reply(204)
+                status = {"name": op.id, "status": op.status, "startTime": op.started}
+                if op.error:
+                    status["error"] = op.error
+                raise Reply(200, status, wait if op.status == "InProgress" else {})
+            if namespace == "microsoft.keyvault" and len(tail) >= 4 and tail_lower[2] == "deletedvaults":
+                name = tail[3]
+                deleted = state.deleted_vaults.get(name.lower())
+                if len(tail) == 4 and self.command == "GET":
+                    if deleted is None or deleted["properties"]["location"] != location:
+                        raise ArmError(404, "ResourceNotFound", f"The deleted vault '{name}' was not found.")
+                    raise Reply(200, _public(deleted))
+                if len(tail) == 5 and tail_lower[4] == "purge" and self.command == "POST":
+                    op = state.purge_vault(location, name)
+                    self.lro(202, None, op, query["api-version"])
+        if namespace == "microsoft.keyvault" and tail_lower == ["deletedvaults"]:
+            self.page([_public(v) for _, v in sorted(state.deleted_vaults.items())], query)
+        if len(tail) == 1 and self.command == "GET":  # every resource of a type in the subscription
+            type_key = f"{namespace}/{tail_lower[0]}"
+            items = state.list(subscription, None, type_key)
+            if type_key == "microsoft.compute/virtualmachines" and query.get("statusOnly") == "true":
+                items = [state.view(state.resources[i["id"].lower()], expand_instance_view=True) for i in items]
+            self.page(items, query)
+        raise ArmError(404, "InvalidResourceType", f"The resource path '{self.path}' is not known to this twin.")
+
+
+def _public(resource: dict) -> dict:
+    return {k: v for k, v in resource.items() if not k.startswith("_")}
+
+
+def _retry_after(op: Operation) -> dict[str, str]:
+    """When to ask again: Retry-After in whole seconds, or retry-after-ms (which azure-core also reads)
+    for the twin's sub-second operations."""
+    remaining = max(op.due - time.monotonic(), 0.05)
+    if remaining >= 1:
+        return {"Retry-After": str(int(remaining + 0.999))}
+    return {"retry-after-ms": str(int(remaining * 1000) + 10)}
+
+
+def _tag_filter(text: str | None) -> tuple[str, str | None] | None:
+    """`tagName eq 'k' and tagValue eq 'v'` (or tagName alone) of a $filter."""
+    if not text:
+        return None
+    name = re.search(r"tagName eq '([^']+)'", text)
+    if name is None:
+        return None
+    value = re.search(r"tagValue eq '([^']*)'", text)
+    return name.group(1), value.group(1) if value else None
+
+
+# --- Key Vault data plane ------------------------------------------------------------------------
+
+
+class VaultHandler(Handler):
+    """`https://<vault>.vault.azure.net/secrets/...` inside a CONNECT tunnel (vault_name set per tunnel)."""
+
+    vault_name = ""
+
+    def route(self, path: str, query: dict, body) -> None:
+        state = self.twin.state
+        vault = state.vault_by_name(self.vault_name)
+        if vault is None:
+            raise ArmError(404, "VaultNotFound", f"The vault {self.vault_name} does not exist.")
+        version = query.get("api-version")
+        if not version or not KEYVAULT_API_VERSION.match(version):
+            raise ArmError(400, "BadParameter", "The request URI contains an invalid API version.")
+        if not self.headers.get("Authorization"):
+            # Key Vault's challenge: where to get a token, for which resource.
+            raise Reply(
+                401,
+                {"error": {"code": "Unauthorized", "message": "AKV10000: Request is missing a Bearer or PoP token."}},
+                {
+                    "WWW-Authenticate": f'Bearer authorization="https://login.microsoftonline.com/{state.tenant}", '
+                    f'resource="{VAULT_AUDIENCE}"'
+                },
+            )
+        try:
+            claims = self.twin.verify(self.headers.get("Authorization"), VAULT_AUDIENCE)
+        except ArmError as error:
+            raise Reply(401, {"error": {"code": "Unauthorized", "message": error.message}}) from None
+        parts = [p for p in path.split("/") if p]
+        permission = {"GET": "get", "PUT": "set", "DELETE": "delete"}.get(self.command, "")
+        if parts and parts[0] == "secrets" and len(parts) == 1:
+            permission = "list"
+        if parts and parts[0] == "deletedsecrets":
+            permission = {"GET": "get", "DELETE": "purge"}.get(self.command, "")
+        if not state.secret_access(vault, claims["oid"], permission):
+            raise Reply(
+                403,
+                {
+                    "error": {
+                        "code": "Forbidden",
+                        "message": f"The user, group or application 'appid={claims['appid']};oid={claims['oid']}' "
+                        f"does not have secrets {permission} permission on key vault '{vault['name']};location="
+                        f"{vault['location']}'.",
+                        "innererror": {"code": "AccessDenied"},
+                    }
+                },
+            )
+        store = state.secrets.setdefault(vault["name"].lower(), {})
+        deleted = state.secrets.setdefault("deleted:" + vault["name"].lower(), {})
+        uri = vault["properties"]["vaultUri"].rstrip("/")
+        if parts[:1] == ["secrets"] and len(parts) == 1 and self.command == "GET":
+            items = [
+                {
+                    "id": f"{uri}/secrets/{name}",
+                    "attributes": versions[-1]["attributes"],
+                    "tags": versions[-1].get("tags"),
+                }
+                for name, versions in sorted(store.items())
+            ]
+            raise Reply(200, {"value": items, "nextLink": None})
+        if parts[:1] == ["secrets"] and len(parts) in (2, 3):
+            name = parts[1]
+            if not re.fullmatch(r"[0-9a-zA-Z-]{1,127}", name):
+                raise Reply(400, {"error": {"code": "BadParameter", "message": f"Invalid secret name {name}."}})
+            if self.command == "PUT" and len(parts) == 2:
+                if name.lower() in deleted:
+                    raise Reply(
+                        409,
+                        {
+                            "error": {
+                                "code": "Conflict",
+                                "message": f"Secret {name} is currently in a deleted but recoverable state.",
+                            }
+                        },
+                    )
+                if not isinstance(body.get("value"), str):
+                    raise Reply(400, {"error": {"code": "BadParameter", "message": "The secret value is required."}})
+                now = int(time.time())
+                version_id = hashlib.sha256(
+                    f"{vault['name']}/{name}/{len(store.get(name.lower(), []))}".encode()
+                ).hexdigest()[:32]
+                bundle = {
+                    "value": body["value"],
+                    "id": f"{uri}/secrets/{name}/{version_id}",
+                    "attributes": {
+                        "enabled": True,
+                        "created": now,
+                        "updated": now,
+                        "recoveryLevel": "Recoverable+Purgeable",
+                    },
+                    "tags": body.get("tags") or {},
+                }
+                if body.get("contentType"):
+                    bundle["contentType"] = body["contentType"]
+                store.setdefault(name.lower(), []).append(bundle)
+                raise Reply(200, bundle)
+            versions = store.get(name.lower())
+            if not versions:
+                raise Reply(
+                    404,
+                    {
+                        "error": {
+                            "code": "SecretNotFound",
+                            "message": f"A secret with (name/id) {name} was not found in this key vault.",
+                        }
+                    },
+                )
+            if self.command == "GET":
+                if len(parts) == 3 and parts[2]:
+                    match = [v for v in versions if v["id"].endswith("/" + parts[2])]
+                    if not match:
+                        raise Reply(404, {"error": {"code": "SecretNotFound", "message": f"No version {parts[2]}."}})
+                    raise Reply(200, match[0])
+                raise Reply(200, versions[-1])
+            if self.command == "DELETE" and len(parts) == 2:
+                store.pop(name.lower())
+                latest = dict(versions[-1])
+                latest.pop("value")
+                deleted[name.lower()] = latest | {
+                    "recoveryId": f"{uri}/deletedsecrets/{name}",
+                    "deletedDate": int(time.time()),
+                    "scheduledPurgeDate": int(time.time()) + 90 * 86400,
+                }
+                raise Reply(200, deleted[name.lower()])
+        if parts[:1] == ["deletedsecrets"] and len(parts) == 2:
+            item = deleted.get(parts[1].lower())
+            if item is None:
+                raise Reply(
+                    404, {"error": {"code": "SecretNotFound", "message": f"Deleted Secret not found: {parts[1]}"}}
+                )
+            if self.command == "GET":
+                raise Reply(200, item)
+            if self.command == "DELETE":
+                deleted.pop(parts[1].lower())
+                raise Reply(204)
+        raise Reply(404, {"error": {"code": "NotFound", "message": f"{self.command} {path} is not emulated."}})
+
+
+class ProxyHandler(BaseHTTPRequestHandler):
+    """An HTTP CONNECT proxy that only tunnels to Key Vault hosts, terminating TLS itself."""
+
+    protocol_version = "HTTP/1.1"
+    twin: Twin
+    context: ssl.SSLContext
+
+    def log_message(self, format, *args):
+        sys.stderr.write(f"proxy {self.address_string()} {format % args}\n")
+
+    def do_CONNECT(self):
+        match = VAULT_HOST.match(self.path.lower())
+        if match is None:
+            self.send_response(403, "only *.vault.azure.net:443 is served by the twin")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200, "Connection established")
+        self.end_headers()
+        self.wfile.flush()
+        try:
+            tunnel = self.context.wrap_socket(self.connection, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            sys.stderr.write(f"proxy: TLS handshake failed: {exc}\n")
+            self.close_connection = True
+            return
+        handler = type("TunnelVaultHandler", (VaultHandler,), {"twin": self.twin, "vault_name": match.group(1)})
+        handler(tunnel, self.client_address, self.server)
+        self.close_connection = True
+
+
+class TlsServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, handler, context: ssl.SSLContext):
+        self.context = context
+        super().__init__(address, handler)
+
+    def get_request(self):
+        sock, address = super().get_request()
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError)):
+            return  # a client that gave up (or does not trust the CA): not the twin's error
+        super().handle_error(request, client_address)
+
+
+class ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def serve(directory: Path, host: str = "127.0.0.1", port: int = 0, proxy_port: int = 0, page_size: int = 25,
+          operation_seconds: float = 0.2, identity_header: str | None = None) -> tuple[Twin, list]:  # fmt: skip
+    """Start both listeners in threads; returns the twin and the servers (shutdown() them to stop)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = ArmState(operation_seconds=operation_seconds)
+    state_file = directory / "state.json"
+    twin = Twin(state, directory, page_size=page_size, identity_header=identity_header)
+    if state_file.exists():
+        state.restore(json.loads(state_file.read_text()))
+    ca, cert, key = make_certificates(directory / "tls")
+    context = server_context(cert, key)
+    arm = TlsServer((host, port), type("TwinArmHandler", (ArmHandler,), {"twin": twin}), context)
+    proxy = ProxyServer(
+        (host, proxy_port), type("TwinProxyHandler", (ProxyHandler,), {"twin": twin, "context": context})
+    )
+    twin.base_url = f"https://{host}:{arm.server_address[1]}"
+    for server in (arm, proxy):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy_url = f"http://{host}:{proxy.server_address[1]}"
+    endpoints = {
+        "arm": twin.base_url,
+        "proxy": proxy_url,
+        "ca_file": str(ca),
+        "subscription_id": state.subscription,
+        "tenant_id": state.tenant,
+        "controller_object_id": twin.controller_oid,
+        "env": {
+            "AZURE_RESOURCE_MANAGER_ENDPOINT": twin.base_url,
+            "IDENTITY_ENDPOINT": f"{twin.base_url}/msi/token",
+            "IDENTITY_HEADER": twin.identity_header,
+            "REQUESTS_CA_BUNDLE": str(ca),
+            "HTTPS_PROXY": proxy_url,
+            "NO_PROXY": f"{host},localhost",
+        },
+    }
+    tmp = directory / "endpoints.json.tmp"
+    tmp.write_text(json.dumps(endpoints, indent=2))
+    tmp.replace(directory / "endpoints.json")
+    return twin, [arm, proxy]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="HTTPS fake of Azure Resource Manager (clusterbake's Azure twin)")
+    parser.add_argument("--dir", required=True, type=Path, help="state, TLS files and endpoints.json")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--proxy-port", type=int, default=0)
+    parser.add_argument("--page-size", type=int, default=int(os.environ.get("ARM_TWIN_PAGE_SIZE", "25")))
+    parser.add_argument(
+        "--operation-seconds", type=float, default=float(os.environ.get("ARM_TWIN_OPERATION_SECONDS", "0.2"))
+    )
+    args = parser.parse_args(argv)
+    _, servers = serve(args.dir, args.host, args.port, args.proxy_port, args.page_size, args.operation_seconds)
+    print(json.dumps({"endpoints": str(args.dir / "endpoints.json")}), flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait()
+    for server in servers:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    socket.setdefaulttimeout(None)
+    sys.exit(main())

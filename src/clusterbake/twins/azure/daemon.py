@@ -1,0 +1,620 @@
+"""The Azure twin's process: the ARM fake, Key Vault for the nodes, IMDS, DNS and the node keeper.
+
+Started by `clusterbake twin up azure` (src/clusterbake/twins/azure/control.py), in a
+session of its own, logging to <twin dir>/twin.log. One process, threads:
+
+- the ARM fake (arm.py: ARM, the App Service managed identity endpoint, the Key Vault
+  CONNECT proxy) on the twin's bridge address, so the host and every node reach the same
+  API; its state and TLS files in <twin dir>/arm;
+- Key Vault for the nodes: `https://<vault>.vault.azure.net` at the bridge address, port
+  443 (the nodes' DNS answers each vault's name with it), arm.py's Key Vault handler with
+  the vault taken from the Host header, behind the twin's certificate;
+- Azure's IMDS (imds.py) at 169.254.169.254:80 and Azure's DNS (dns.py) at
+  168.63.129.16:53, both in a service namespace on the bridge; the identity endpoint's
+  tokens are signed by the ARM fake's own signing function (arm.Twin.token), for the
+  principal of a user-assigned identity the VM has, so Key Vault decides on them by its
+  access policies as it does for the host's tokens;
+- the node keeper: every VM whose image is the twin's image becomes a node (nodes.py) at
+  its NIC's private IP and follows the VM's power state within a fraction of a second
+  (running; stopped and deallocated keep the disk; a deleted VM's node and disk go; a
+  restart reboots the node); a node that powers itself off leaves its VM stopped, as
+  Azure does. The keeper reads the subscription as `GET /_twin/state` shows it
+  (ArmState.snapshot, in this process);
+- a control socket for tests and the CLI (<twin dir>/control.sock, root only): `GET
+  /status`; scheduled events on a VM's IMDS: `PUT /vms/<vm name>/scheduledevents
+  {"EventType": "Preempt", "NotBeforeSeconds": 30}` adds one, `DELETE` removes them all.
+
+The twin's subscription, tenant, resource group `clusterbake-twin`, virtual network,
+subnet and image are the same on every start, so a config file can name them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import signal
+import ssl
+import sys
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+import uuid
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from clusterbake.twins.runtime import in_netns, log, serve_control
+
+POLL = 0.25
+SERVICE_NETNS = "cbsvc-twin-azure"
+RESOURCE_GROUP = "clusterbake-twin"
+VNET = "clusterbake-twin"
+SUBNET = "nodes"
+IMAGE = "clusterbake-twin-node"
+NODE_VAULT_PORT = 443
+API = {"group": "2021-04-01", "network": "2024-05-01", "compute": "2024-07-01"}
+VAULT_HOST = re.compile(r"^([a-z0-9-]{3,24})\.vault\.azure\.net$")
+# Azure's notice per event type ("Scheduled Events for Linux VMs"): NotBefore seconds, duration.
+EVENT_DEFAULTS = {
+    "Preempt": (30, -1),
+    "Terminate": (300, -1),
+    "Freeze": (900, 5),
+    "Reboot": (900, -1),
+    "Redeploy": (600, -1),
+}
+RUNNING = ("starting", "running")
+
+
+class AzureTwin:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.root = Path(args.state)
+        self.address = args.address
+        self.vnet_cidr = args.vnet_cidr
+        self.images: dict[str, Path] = {}  # image resource id (lower case) -> image root
+        self.image_ids: dict[str, str] = {}  # image name -> resource id
+        self.events: dict[str, dict[str, Any]] = {}  # VM name (lower) -> {"incarnation", "events"}
+        self.by_address: dict[str, dict[str, Any]] = {}  # the running VMs as IMDS answers them
+        self.vms: dict[str, dict[str, Any]] = {}  # vmId -> what status shows
+        self.operations_seen: set[str] = set()  # the ARM fake's operation ids the keeper has looked at
+        self.failed: dict[str, float] = {}
+        self.started: set[str] = set()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.servers: list = []
+        self.nodes = None
+
+    # --- the ARM fake -----------------------------------------------------------------------
+
+    def start_arm(self) -> None:
+        from clusterbake.twins.azure import arm
+        from clusterbake.twins.azure.nodes import AzureNodes
+        from clusterbake.twins.azure.tls import make_certificates
+
+        directory = self.root / "arm"
+        # The server certificate names the bridge address too (serve() makes none if these exist).
+        self.ca_file, _, _ = make_certificates(directory / "tls", extra_ips=(self.address,))
+        self.arm, servers = arm.serve(directory, host=self.address, port=self.args.port,
+                                      proxy_port=self.args.proxy_port)  # fmt: skip
+        self.servers += servers
+        self.endpoints = json.loads((directory / "endpoints.json").read_text())
+        self.context = ssl.create_default_context(cafile=str(self.ca_file))
+        self.nodes = AzureNodes(self.root, self.vnet_cidr, self.ca_file, log)
+        log(f"ARM on {self.arm.base_url}, Key Vault proxy on {self.endpoints['proxy']}")
+
+    def arm_call(self, method: str, path: str, body: dict | None = None) -> dict:
+        """A request to the ARM fake with the controller's token, as any client makes it."""
+        from clusterbake.twins.azure.arm import ARM_AUDIENCE
+
+        token, _ = self.arm.token(self.arm.controller_oid, ARM_AUDIENCE, "clusterbake-twin")
+        request = urllib.request.Request(
+            self.arm.base_url + path,
+            data=json.dumps(body).encode() if body is not None else None,
+            method=method,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.context)
+        )
+        try:
+            with opener.open(request, timeout=30) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+
+    def setup_subscription(self) -> None:
+        """The twin's resource group, virtual network and subnet, and its image: through the API."""
+        sub = f"/subscriptions/{self.arm.state.subscription}"
+        group = f"{sub}/resourceGroups/{RESOURCE_GROUP}"
+        location = self.args.location
+        tags = {"clusterbake-twin": "true"}
+        self.arm_call("PUT", f"{group}?api-version={API['group']}", {"location": location, "tags": tags})
+        vnet = f"{group}/providers/Microsoft.Network/virtualNetworks/{VNET}"
+        self.arm_call(
+            "PUT",
+            f"{vnet}?api-version={API['network']}",
+            {
+                "location": location,
+                "tags": tags,
+                "properties": {
+                    "addressSpace": {"addressPrefixes": [self.vnet_cidr]},
+                    "subnets": [{"name": SUBNET, "properties": {"addressPrefix": self.args.subnet_cidr}}],
+                },
+            },
+        )
+        for spec in self.args.image:
+            name, _, path = spec.partition("=")
+            image_id = f"{group}/providers/Microsoft.Compute/images/{IMAGE}"
+            self.arm_call(
+                "PUT",
+                f"{image_id}?api-version={API['compute']}",
+                {
+                    "location": location,
+                    "tags": {**tags, "clusterbake-twin-image": name},
+                    "properties": {
+                        "hyperVGeneration": "V2",
+                        "storageProfile": {"osDisk": {"osType": "Linux", "osState": "Generalized"}},
+                    },
+                },
+            )
+            self.images[image_id.lower()] = Path(path) / "rootfs"
+            self.image_ids[name] = image_id
+        deadline = time.monotonic() + 30
+        while self.arm_call("GET", f"{vnet}?api-version={API['network']}")["properties"]["provisioningState"] != (
+            "Succeeded"
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{vnet} was not provisioned")
+            time.sleep(0.1)
+        self.vnet_id = vnet
+        self.subnet_id = f"{vnet}/subnets/{SUBNET}"
+        log(f"subscription ready: {self.subnet_id}, images {self.image_ids}")
+
+    # --- Key Vault, IMDS and DNS for the nodes ----------------------------------------------
+
+    def start_node_vault(self) -> None:
+        """`https://<vault>.vault.azure.net/` for the nodes: arm.py's Key Vault, vault by Host header."""
+        from clusterbake.twins.azure import arm
+        from clusterbake.twins.azure.tls import server_context
+
+        directory = self.root / "arm" / "tls"
+
+        class NodeVaultHandler(arm.VaultHandler):
+            def _by_host(self) -> None:
+                host = (self.headers.get("Host") or "").rsplit(":", 1)[0].lower()
+                match = VAULT_HOST.match(host)
+                if match is None:
+                    self._send(404, {"error": {"code": "NotFound", "message": f"{host} is not a Key Vault host"}})
+                    return
+                self.vault_name = match.group(1)
+                self._dispatch()
+
+            do_GET = do_PUT = do_DELETE = do_POST = do_PATCH = do_HEAD = _by_host
+
+        handler = type("TwinNodeVaultHandler", (NodeVaultHandler,), {"twin": self.arm})
+        context = server_context(directory / "server.pem", directory / "server.key")
+        server = arm.TlsServer((self.address, NODE_VAULT_PORT), handler, context)
+        threading.Thread(target=server.serve_forever, name="vault", daemon=True).start()
+        self.servers.append(server)
+        log(f"Key Vault for the nodes on https://*.vault.azure.net -> {self.address}:{NODE_VAULT_PORT}")
+
+    def token(self, identity: dict, resource: str) -> tuple[str, int]:
+        """A managed identity token, signed as the ARM fake signs its own (arm.Twin.token)."""
+        from clusterbake.twins.azure.arm import ARM_AUDIENCE, VAULT_AUDIENCE
+
+        audience = resource.removesuffix("/.default").rstrip("/")
+        if audience not in (ARM_AUDIENCE, VAULT_AUDIENCE):
+            raise ValueError(
+                f"AADSTS500011: The resource principal named {resource} was not found in the tenant "
+                f"{self.arm.state.tenant} (the twin issues tokens for {ARM_AUDIENCE} and {VAULT_AUDIENCE})"
+            )
+        return self.arm.token(identity["principalId"], resource, identity["clientId"])
+
+    def lookup(self, address: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self.by_address.get(address)
+
+    def scheduled_events(self, vm: str) -> dict[str, Any]:
+        with self.lock:
+            entry = self.events.setdefault(vm.lower(), {"incarnation": 1, "events": []})
+            return {"DocumentIncarnation": entry["incarnation"], "Events": list(entry["events"])}
+
+    def approve(self, vm: str, ids: list[str]) -> None:
+        with self.lock:
+            entry = self.events.setdefault(vm.lower(), {"incarnation": 1, "events": []})
+            kept = [e for e in entry["events"] if e["EventId"] not in ids]
+            if len(kept) != len(entry["events"]):
+                entry["events"] = kept
+                entry["incarnation"] += 1
+        log(f"scheduled events approved by {vm}: {ids}")
+
+    def resolve(self, name: str) -> str | None:
+        """Azure's DNS as the twin's nodes see it: vaults of the subscription, and the VMs' names."""
+        name = name.rstrip(".").lower()
+        match = VAULT_HOST.match(name)
+        if match:
+            with self.arm.state.lock:
+                return self.address if self.arm.state.vault_by_name(match.group(1)) else None
+        from clusterbake.twins.azure.nodes import DNS_SUFFIX
+
+        host = name.removesuffix("." + DNS_SUFFIX)
+        with self.lock:
+            for address, vm in self.by_address.items():
+                if vm["instance"]["compute"]["osProfile"]["computerName"].lower() == host:
+                    return address
+        return None
+
+    def start_services(self) -> None:
+        from clusterbake.twins.aws.imds import listen
+        from clusterbake.twins.azure.dns import DnsServer, listen_udp
+        from clusterbake.twins.azure.imds import MetadataServer
+        from clusterbake.twins.azure.nodes import DNS_ADDRESS, METADATA_ADDRESS
+
+        sock = in_netns(SERVICE_NETNS, lambda: listen(METADATA_ADDRESS, 80))
+        imds = MetadataServer(sock, self.lookup, self.token, self.scheduled_events, self.approve,
+                              lambda m: log(f"imds {m}"))  # fmt: skip
+        threading.Thread(target=imds.serve_forever, name="imds", daemon=True).start()
+        self.servers.append(imds)
+        dns = DnsServer(in_netns(SERVICE_NETNS, lambda: listen_udp(DNS_ADDRESS)), self.resolve, log)
+        dns.start()
+        log(f"IMDS on {METADATA_ADDRESS}:80, DNS on {DNS_ADDRESS}:53")
+
+    # --- the node keeper ----------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[dict, set[str]]:
+        """The subscription as `GET /_twin/state` answers it (operations that are due finish first),
+        and the VMs (ids, lower case) a start or restart was asked of since the last round."""
+        state = self.arm.state
+        with state.lock:
+            started = set()
+            for op in list(state.operations.values()):
+                if op.id not in self.operations_seen and op.kind == "power" and op.params.get("state") == "running":
+                    started.add(op.target.lower())
+                self.operations_seen.add(op.id)
+            state.advance()
+            return state.snapshot(), started
+
+    def describe(self, vm: dict, resources: dict) -> dict[str, Any] | None:
+        """What the keeper and IMDS need of a VM of the twin's image; None for other VMs."""
+        props = vm["properties"]
+        image = ((props.get("storageProfile") or {}).get("imageReference") or {}).get("id")
+        root = self.images.get((image or "").lower())
+        if root is None:
+            return None
+        nic_ref = props["networkProfile"]["networkInterfaces"][0]["id"]
+        nic = resources.get(nic_ref.lower())
+        if nic is None:
+            return None
+        config = nic["properties"]["ipConfigurations"][0]["properties"]
+        subnet = resources.get(config["subnet"]["id"].lower())
+        prefix = subnet["properties"]["addressPrefix"] if subnet else None
+        address = config["privateIPAddress"]
+        mac = nic["properties"]["macAddress"]
+        parts = vm["id"].split("/")
+        os_profile = props.get("osProfile") or {}
+        linux = os_profile.get("linuxConfiguration") or {}
+        tags = vm.get("tags") or {}
+        identities = [
+            {"id": rid, "clientId": v["clientId"], "principalId": v["principalId"]}
+            for rid, v in ((vm.get("identity") or {}).get("userAssignedIdentities") or {}).items()
+        ]
+        network = ipaddress.ip_network(prefix) if prefix else None
+        image_ref = props["storageProfile"]["imageReference"]
+        os_disk = props["storageProfile"].get("osDisk") or {}
+        scale_set = (props.get("virtualMachineScaleSet") or {}).get("id", "")
+        spot = props.get("priority") in ("Spot", "Low")
+        compute = {
+            "azEnvironment": "AzurePublicCloud",
+            "customData": "",  # never served by Azure's IMDS
+            "evictionPolicy": props.get("evictionPolicy", "") if spot else "",
+            "isHostCompatibilityLayerVm": "false",
+            "licenseType": "",
+            "location": vm["location"],
+            "name": vm["name"],
+            "offer": image_ref.get("offer", ""),
+            "osProfile": {
+                "adminUsername": os_profile.get("adminUsername", ""),
+                "computerName": os_profile.get("computerName", vm["name"]),
+                "disablePasswordAuthentication": str(bool(linux.get("disablePasswordAuthentication"))).lower(),
+            },
+            "osType": "Linux",
+            "placementGroupId": "",
+            "plan": {"name": "", "product": "", "publisher": ""},
+            "platformFaultDomain": "0",
+            "platformUpdateDomain": "0",
+            "priority": props.get("priority", "") if spot else "",
+            "provider": "Microsoft.Compute",
+            "publicKeys": [
+                {"keyData": k.get("keyData", ""), "path": k.get("path", "")}
+                for k in (linux.get("ssh") or {}).get("publicKeys") or []
+            ],
+            "publisher": image_ref.get("publisher", ""),
+            "resourceGroupName": parts[4],
+            "resourceId": vm["id"],
+            "securityProfile": {"secureBootEnabled": "false", "virtualTpmEnabled": "false"},
+            "sku": image_ref.get("sku", ""),
+            "storageProfile": {
+                "dataDisks": [],
+                "imageReference": {
+                    "id": image_ref.get("id", ""),
+                    "offer": image_ref.get("offer", ""),
+                    "publisher": image_ref.get("publisher", ""),
+                    "sku": image_ref.get("sku", ""),
+                    "version": image_ref.get("version", ""),
+                },
+                "osDisk": {
+                    "caching": os_disk.get("caching", ""),
+                    "createOption": os_disk.get("createOption", "FromImage"),
+                    "diskSizeGB": str(os_disk.get("diskSizeGB", "")),
+                    "managedDisk": {
+                        "id": (os_disk.get("managedDisk") or {}).get("id", ""),
+                        "storageAccountType": (os_disk.get("managedDisk") or {}).get("storageAccountType", ""),
+                    },
+                    "name": os_disk.get("name", ""),
+                    "osType": "Linux",
+                },
+            },
+            "subscriptionId": parts[2],
+            "tags": ";".join(f"{k}:{v}" for k, v in sorted(tags.items())),
+            "tagsList": [{"name": k, "value": v} for k, v in sorted(tags.items())],
+            "userData": vm.get("_user_data") or "",
+            "version": image_ref.get("version", ""),
+            "vmId": props["vmId"],
+            "vmScaleSetName": scale_set.rsplit("/", 1)[-1] if scale_set else "",
+            "vmSize": props["hardwareProfile"]["vmSize"],
+            "zone": (vm.get("zones") or [""])[0],
+        }
+        instance = {
+            "compute": compute,
+            "network": {
+                "interface": [
+                    {
+                        "ipv4": {
+                            "ipAddress": [{"privateIpAddress": address, "publicIpAddress": ""}],
+                            "subnet": [{"address": str(network.network_address), "prefix": str(network.prefixlen)}]
+                            if network
+                            else [],
+                        },
+                        "ipv6": {"ipAddress": []},
+                        "macAddress": mac.replace("-", "").upper(),
+                    }
+                ]
+            },
+        }
+        return {
+            "key": props["vmId"],
+            "vm": vm["name"],
+            "id": vm["id"],
+            "power": vm.get("_power"),
+            "provisioning": props.get("provisioningState"),
+            "address": address,
+            "subnet_cidr": prefix,
+            "mac": mac.replace("-", ":").lower(),
+            "image_root": root,
+            "instance": instance,
+            "identities": identities,
+        }
+
+    def reconcile(self) -> None:
+        from clusterbake.twins.nodes import NodeSpec
+
+        snap, restarted = self.snapshot()
+        resources = snap["resources"]
+        running = self.nodes.running()
+        known = self.nodes.known()
+        seen: dict[str, dict] = {}
+        addresses: dict[str, dict] = {}
+        vnet = ipaddress.ip_network(self.vnet_cidr)
+        for vm in resources.values():
+            if vm["type"] != "Microsoft.Compute/virtualMachines":
+                continue
+            info = self.describe(vm, resources)
+            if info is None:
+                continue
+            key = info["key"]
+            seen[key] = info
+            pid = running.get(key)
+            wanted = info["power"] in RUNNING and info["provisioning"] not in ("Failed", "Deleting")
+            if wanted:
+                if pid and info["id"].lower() in restarted:
+                    # restart (or start) of a VM whose node runs: the node reboots.
+                    log(f"VM {info['vm']} restarts: rebooting its node")
+                    self.nodes.stop(key, pid)
+                    pid = None
+                    self.started.discard(key)
+                if pid:
+                    addresses[info["address"]] = info
+                    continue
+                if key in self.started:
+                    # The node powered itself off: Azure leaves the VM stopped (still allocated).
+                    log(f"node of VM {info['vm']} shut down from inside: the VM is stopped")
+                    self.started.discard(key)
+                    with self.arm.state.lock:
+                        live = self.arm.state.resources.get(vm["id"].lower())
+                        if live is not None and live.get("_power") in RUNNING:
+                            live["_power"] = "stopped"
+                    self.nodes.stop(key, None)
+                    continue
+                if time.monotonic() - self.failed.get(key, -1e9) < 30:
+                    continue
+                if info["subnet_cidr"] is None or not ipaddress.ip_network(info["subnet_cidr"]).subnet_of(vnet):
+                    self.failed[key] = time.monotonic()
+                    log(f"VM {info['vm']} is not in the twin's virtual network {self.vnet_cidr}: not booted")
+                    continue
+                try:
+                    self.nodes.boot(
+                        NodeSpec(
+                            key=key,
+                            address=info["address"],
+                            subnet_cidr=info["subnet_cidr"],
+                            image_root=info["image_root"],
+                            hostname=info["instance"]["compute"]["osProfile"]["computerName"],
+                            mac=info["mac"],
+                            uuid=key,
+                        )
+                    )
+                    self.started.add(key)
+                    addresses[info["address"]] = info
+                except Exception:
+                    self.failed[key] = time.monotonic()
+                    log(f"node of VM {info['vm']} failed to start:\n{traceback.format_exc()}")
+            elif pid or key in self.started:
+                self.started.discard(key)
+                self.nodes.stop(key, pid)
+        for orphan in (set(running) | known) - set(seen):
+            self.started.discard(orphan)
+            self.nodes.remove(orphan, running.get(orphan))
+        running = self.nodes.running()
+        with self.lock:
+            self.by_address = addresses
+            self.vms = {
+                key: {
+                    "name": info["vm"],
+                    "id": info["id"],
+                    "vm_id": key,
+                    "power": info["power"],
+                    "provisioning": info["provisioning"],
+                    "address": info["address"],
+                    "node": "running" if key in running else ("stopped" if key in self.nodes.known() else "absent"),
+                }
+                for key, info in seen.items()
+            }
+            live_names = {info["vm"].lower() for info in seen.values()}
+            self.events = {name: entry for name, entry in self.events.items() if name in live_names}
+
+    def keep_nodes(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.reconcile()
+            except Exception:
+                log(f"reconcile failed:\n{traceback.format_exc()}")
+            self.stopping.wait(POLL)
+
+    # --- control ------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            vms = [
+                {**v, "scheduled_events": list(self.events.get(v["name"].lower(), {}).get("events", []))}
+                for v in self.vms.values()
+            ]
+        return {"vms": sorted(vms, key=lambda v: v["name"])}
+
+    def set_events(self, vm: str, body: dict | None) -> dict[str, Any]:
+        with self.lock:
+            names = {v["name"].lower(): v["name"] for v in self.vms.values()}
+            if vm.lower() not in names:
+                raise KeyError(vm)
+            entry = self.events.setdefault(vm.lower(), {"incarnation": 1, "events": []})
+            if body is None:
+                entry["events"] = []
+            else:
+                kind = body.get("EventType", "Preempt")
+                if kind not in EVENT_DEFAULTS:
+                    raise ValueError(f"EventType must be one of {', '.join(EVENT_DEFAULTS)}")
+                notice, duration = EVENT_DEFAULTS[kind]
+                not_before = datetime.now(UTC) + timedelta(seconds=float(body.get("NotBeforeSeconds", notice)))
+                entry["events"].append(
+                    {
+                        "EventId": body.get("EventId") or str(uuid.uuid4()).upper(),
+                        "EventStatus": body.get("EventStatus", "Scheduled"),
+                        "EventType": kind,
+                        "ResourceType": "VirtualMachine",
+                        "Resources": [names[vm.lower()]],
+                        "NotBefore": format_datetime(not_before, usegmt=True),
+                        "Description": body.get("Description", ""),
+                        "EventSource": body.get("EventSource", "Platform"),
+                        "DurationInSeconds": int(body.get("DurationInSeconds", duration)),
+                    }
+                )
+            entry["incarnation"] += 1
+            answer = {"DocumentIncarnation": entry["incarnation"], "Events": list(entry["events"])}
+        log(f"scheduled events of {vm}: {answer}")
+        return answer
+
+    def control(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if method == "GET" and path == "/status":
+            return HTTPStatus.OK, self.status()
+        parts = path.strip("/").split("/")
+        if len(parts) == 3 and parts[0] == "vms" and parts[2] == "scheduledevents" and method in ("PUT", "DELETE"):
+            try:
+                return HTTPStatus.OK, self.set_events(parts[1], body if method == "PUT" else None)
+            except KeyError:
+                return HTTPStatus.NOT_FOUND, {"error": f"no VM {parts[1]} of the twin's image"}
+            except (ValueError, TypeError, AttributeError) as exc:
+                return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+        return HTTPStatus.NOT_FOUND, {"error": f"{method} {path}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the Azure twin (started by `clusterbake twin up azure`)")
+    parser.add_argument("--state", required=True)
+    parser.add_argument("--address", required=True, help="the bridge address ARM and Key Vault listen on")
+    parser.add_argument("--port", type=int, default=8443)
+    parser.add_argument("--proxy-port", type=int, default=8444)
+    parser.add_argument("--location", default="eastus")
+    parser.add_argument("--vnet-cidr", required=True)
+    parser.add_argument("--subnet-cidr", required=True)
+    parser.add_argument("--image", action="append", default=[], help="NAME=IMAGE_DIR, created as a managed image")
+    args = parser.parse_args(argv)
+    twin = AzureTwin(args)
+    root = Path(args.state)
+
+    def stop(signum, frame) -> None:
+        twin.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        twin.start_arm()
+        twin.setup_subscription()
+        twin.start_node_vault()
+        twin.start_services()
+        serve_control(root / "control.sock", twin.control)
+        info = {
+            "pid": os.getpid(),
+            "endpoint": twin.arm.base_url,
+            "proxy": twin.endpoints["proxy"],
+            "ca_file": str(twin.ca_file),
+            "subscription_id": twin.arm.state.subscription,
+            "tenant_id": twin.arm.state.tenant,
+            "controller_object_id": twin.arm.controller_oid,
+            "location": args.location,
+            "resource_group": RESOURCE_GROUP,
+            "vnet_id": twin.vnet_id,
+            "subnet_id": twin.subnet_id,
+            "vnet_cidr": args.vnet_cidr,
+            "subnet_cidr": args.subnet_cidr,
+            "images": twin.image_ids,
+            "image_dirs": {image_id: str(path.parent) for image_id, path in twin.images.items()},
+            "env": twin.endpoints["env"],
+        }
+        (root / "twin.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        log("ready")
+        twin.keep_nodes()
+    except Exception:
+        log(f"twin failed:\n{traceback.format_exc()}")
+        return 1
+    finally:
+        removed = twin.nodes.remove_all() if twin.nodes is not None else []
+        log(f"stopped; removed nodes {removed}")
+        for server in twin.servers:
+            with contextlib.suppress(Exception):
+                server.server_close()
+        with contextlib.suppress(OSError):
+            (root / "twin.json").unlink()
+        with contextlib.suppress(OSError):
+            (root / "control.sock").unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

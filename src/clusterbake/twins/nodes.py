@@ -1,0 +1,142 @@
+"""What every twin's VMs share: one systemd-nspawn node per VM, on the twin's bridge at its private IP.
+
+A twin (twins/aws: the EC2 twin, twins/azure: the Azure twin) gives each VM of its cloud
+what the cloud's hardware and network give: a root disk (an overlay on the image, kept
+while the VM is stopped, removed when the VM is deleted), one network interface with the
+VM's private IP and MAC on the twin's bridge, on-link routes to the virtual network and
+to the cloud's link-local services (the metadata service, Azure's DNS), a machine UUID
+per VM and the cloud's first hostname. Users, keys and the node's name come from the
+image's own boot service reading the metadata, as in the cloud.
+
+Boot time: a container sees the host's uptime, so slurmd would report the host's boot
+time, and slurmctld keeps waiting for a node Slurm powered up to boot ("Still waiting
+for boot of node"): each node gets a slurmd drop-in that adds `-b` (report the start of
+slurmd as the boot, which on a node that just booted it is), as a VM booting now would.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clusterbake.nspawn import machines, network
+
+# After the image's own drop-ins (role slurm's clusterbake.conf); ExecStart as Debian 12's unit has it.
+SLURMD_DROP_IN = "/etc/systemd/system/slurmd.service.d/zz-clusterbake-twin.conf"
+
+
+def slurmd_boot_time(twin: str) -> str:
+    return f"""# {twin}: a node is a container that sees the host's uptime; -b makes slurmd report
+# its start as the node's boot, as an instance that boots now would (nodes.py).
+[Service]
+ExecStart=
+ExecStart=/usr/sbin/slurmd -D -s $SLURMD_OPTIONS -b
+"""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What a twin needs to boot one VM as a node."""
+
+    key: str  # the VM's stable id (EC2 instance id, Azure vmId): names the machine, netns, disk
+    address: str
+    subnet_cidr: str
+    image_root: Path
+    hostname: str
+    mac: str
+    uuid: str
+    binds: dict[str, Path] = field(default_factory=dict)  # inside -> host, read-write
+    readonly_binds: dict[str, Path] = field(default_factory=dict)  # inside -> host
+
+
+class TwinNodes:
+    """The nodes of one twin: machines `cb-<network>-<key>`, disks under <root>/nodes/<key>."""
+
+    def __init__(
+        self,
+        root: Path,
+        twin_network: str,
+        ifname: str,
+        routes: tuple[str, ...],
+        log: Callable[[str], None],
+        *,
+        label: str,
+        prepare: Callable[[NodeSpec, Path], None] | None = None,
+    ):
+        self.root = root
+        self.twin_network = twin_network
+        self.prefix = f"cb-{twin_network}-"
+        self.ifname = ifname
+        self.routes = routes
+        self.log = log
+        self.label = label
+        self.prepare = prepare  # called with the node's mounted root before each boot
+
+    def machine(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def paths(self, key: str) -> machines.MachinePaths:
+        return machines.MachinePaths(self.root / "nodes" / key)
+
+    def running(self) -> dict[str, int]:
+        """Key -> nspawn PID of every node that runs."""
+        return {m[len(self.prefix) :]: pid for m, pid in machines.find_machines(self.prefix).items()}
+
+    def boot(self, spec: NodeSpec) -> None:
+        netns = network.ensure_node_network(
+            self.twin_network, spec.key, spec.address, spec.subnet_cidr, ifname=self.ifname, routes=self.routes
+        )
+        network.set_mac(netns, self.ifname, spec.mac)
+        paths = self.paths(spec.key)
+        machines.mount_overlay(spec.image_root, paths)
+        if self.prepare is not None:
+            self.prepare(spec, paths.root)
+        drop_in = self.root / "slurmd-boot-time.conf"
+        text = slurmd_boot_time(self.label)
+        if not drop_in.exists() or drop_in.read_text() != text:
+            drop_in.write_text(text)
+        argv = machines.nspawn_argv(
+            self.machine(spec.key),
+            spec.hostname,
+            paths.root,
+            netns,
+            dict(spec.binds),
+            readonly_binds={**spec.readonly_binds, SLURMD_DROP_IN: drop_in},
+            uuid=spec.uuid,
+        )
+        machines.spawn(argv, self.machine(spec.key), paths.console_log)
+        self.log(f"node {spec.key} started at {spec.address}")
+
+    def stop(self, key: str, pid: int | None) -> None:
+        """Power the node off, keep its disk (a stopped VM keeps its root volume)."""
+        if pid:
+            machines.stop(pid)
+        busy = machines.remove_cgroups(self.machine(key))
+        machines.unmount_tree(self.paths(key).root)
+        self.log(f"node {key} stopped" + (f" (cgroups still busy: {busy})" if busy else ""))
+
+    def remove(self, key: str, pid: int | None) -> None:
+        """A deleted VM: its node, disk and network go."""
+        self.stop(key, pid)
+        network.remove_node_network(self.twin_network, key)
+        base = self.paths(key).base
+        if base.exists():
+            subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=True)
+        self.log(f"node {key} removed")
+
+    def known(self) -> set[str]:
+        """Keys that have a disk here (running or stopped)."""
+        directory = self.root / "nodes"
+        return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
+
+    def remove_all(self) -> list[str]:
+        removed = []
+        running = self.running()
+        for key in sorted(self.known() | set(running)):
+            self.remove(key, running.get(key))
+            removed.append(key)
+        for leftover in network.leftover_netns(self.twin_network):
+            network.remove_node_network(self.twin_network, leftover[len(self.prefix) :])
+        return removed

@@ -1,0 +1,87 @@
+"""What the twins' processes share (twins/aws/daemon.py, twins/azure/daemon.py): logging, entering
+the service namespace, private files, and the control socket tests and the CLI talk to."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from socketserver import ThreadingMixIn, UnixStreamServer
+from typing import Any
+
+CLONE_NEWNET = 0x40000000
+
+# (method, path, JSON body or None) -> (HTTP status, JSON answer)
+Dispatch = Callable[[str, str, Any], tuple[int, Any]]
+
+
+def log(message: str) -> None:
+    print(f"{datetime.now(UTC).strftime('%H:%M:%S.%f')[:-3]} {message}", flush=True)
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def in_netns(name: str, function):
+    """Call function in network namespace `name` (this thread only), then come back."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(target, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+        try:
+            return function()
+        finally:
+            if libc.setns(own, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+    finally:
+        os.close(own)
+        os.close(target)
+
+
+def write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def serve_control(path: Path, dispatch: Dispatch) -> None:
+    """A root-only Unix socket speaking HTTP with JSON bodies; each request goes to dispatch."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _handle(self) -> None:
+            body = None
+            if self.command in ("PUT", "POST"):
+                length = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(length) or b"{}")
+            status, data = dispatch(self.command, self.path, body)
+            answer = json.dumps(data, indent=2).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        do_GET = do_PUT = do_POST = do_DELETE = _handle
+
+    class Server(ThreadingMixIn, UnixStreamServer):
+        daemon_threads = True
+
+        def get_request(self):
+            request, _ = super().get_request()
+            return request, ("control", 0)
+
+    path.unlink(missing_ok=True)
+    server = Server(str(path), Handler)
+    os.chmod(path, 0o600)
+    threading.Thread(target=server.serve_forever, name="control", daemon=True).start()

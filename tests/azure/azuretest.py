@@ -1,0 +1,235 @@
+"""Helpers of the azure provider's tests: the ARM twin handle, the CLI, the inventory script.
+
+Nothing here talks to Azure: the twin (src/clusterbake/twins/azure/arm.py) runs as a
+subprocess on 127.0.0.1 over HTTPS, and the code under test finds it through the standard
+environment only (AZURE_RESOURCE_MANAGER_ENDPOINT, a managed-identity token endpoint,
+REQUESTS_CA_BUNDLE, HTTPS_PROXY for Key Vault's data plane).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+CB = [str(REPO / ".venv" / "bin" / "clusterbake")]
+LOCATION = "eastus"
+NET_GROUP = "net-rg"
+VNET = "hpc-vnet"
+SUBNET = "nodes"
+SUBNET_PREFIX = "10.70.0.0/24"
+IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"
+SDK = all(importlib.util.find_spec(m) for m in ("azure.identity", "azure.mgmt.compute", "azure.keyvault.secrets"))
+# The SDK is a dependency (pyproject.toml): a run that requires every test (CI) fails without it.
+needs_sdk = pytest.mark.skipif(
+    not SDK and not os.environ.get("CLUSTERBAKE_REQUIRE_INTEGRATION"),
+    reason="the Azure SDK (azure-mgmt-*, azure-identity) is not installed: make venv",
+)
+
+
+@dataclass
+class Twin:
+    url: str
+    directory: Path
+    endpoints: dict
+    env: dict[str, str]
+
+    @property
+    def subscription(self) -> str:
+        return self.endpoints["subscription_id"]
+
+    def request(self, method: str, path: str, body=None, token: str | None = None, headers: dict | None = None):
+        """(status, JSON body or None, headers) of a raw HTTPS request to the twin."""
+        context = ssl.create_default_context(cafile=self.endpoints["ca_file"])
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        for key, value in (headers or {}).items():
+            request.add_header(key, value)
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=30) as response:
+                raw = response.read()
+                return response.status, (json.loads(raw) if raw else None), dict(response.headers)
+        except urllib.error.HTTPError as error:
+            raw = error.read()
+            return error.code, (json.loads(raw) if raw else None), dict(error.headers)
+
+    def token(self, client_id: str | None = None, resource: str = "https://management.azure.com") -> str:
+        query = f"/msi/token?api-version=2019-08-01&resource={resource}"
+        if client_id:
+            query += f"&client_id={client_id}"
+        status, body, _ = self.request("GET", query, headers={"X-IDENTITY-HEADER": self.env["IDENTITY_HEADER"]})
+        assert status == 200, body
+        return body["access_token"]
+
+    def state(self) -> dict:
+        status, body, _ = self.request("GET", "/_twin/state")
+        assert status == 200, body
+        return body
+
+    def set_capacity(self, limits: dict[str, dict] | None) -> None:
+        status, body, _ = self.request("PUT", "/_twin/capacity", limits or {})
+        assert status == 200, body
+
+    def set_quota(self, quota: dict[str, dict] | None) -> None:
+        status, body, _ = self.request("PUT", "/_twin/quota", quota or {})
+        assert status == 200, body
+
+    def resources_of(self, cluster: str) -> list[dict]:
+        """Every resource of the twin tagged clusterbake-cluster=<cluster> (and untagged disks of its VMs)."""
+        found = []
+        for resource in self.state()["resources"].values():
+            tags = resource.get("tags") or {}
+            if tags.get("clusterbake-cluster") == cluster or resource["name"].startswith(f"{cluster}-"):
+                found.append(resource)
+        return found
+
+    def sdk_env(self):
+        """Context: this process's environment pointed at the twin (for in-process SDK calls)."""
+        return _Environ(self.env)
+
+
+class _Environ:
+    def __init__(self, env: dict[str, str]):
+        self.env, self.saved = env, {}
+
+    def __enter__(self):
+        for key, value in self.env.items():
+            self.saved[key] = os.environ.get(key)
+            os.environ[key] = value
+        return self
+
+    def __exit__(self, *exc):
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def example_config(twin: Twin, **changes) -> dict:
+    """examples/azure-ndv5.yaml on the twin's subscription and network, then `changes` (top-level keys)."""
+    config = yaml.safe_load((REPO / "examples" / "azure-ndv5.yaml").read_text())
+    config["azure"] |= {
+        "subscription_id": twin.subscription,
+        "location": LOCATION,
+        "subnet_id": f"/subscriptions/{twin.subscription}/resourceGroups/{NET_GROUP}/providers/"
+        f"Microsoft.Network/virtualNetworks/{VNET}/subnets/{SUBNET}",
+        "image": IMAGE,
+    }
+    azure = changes.pop("azure", {})
+    config.update(changes)
+    config["azure"] |= azure
+    return config
+
+
+def write_config(state_dir: Path, config: dict) -> Path:
+    path = state_dir / f"{config['cluster_name']}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run_cb(twin: Twin, state_dir: Path, config: dict | Path, *args: str, check: bool = True, timeout: int = 180):
+    """The real CLI as a subprocess against the twin."""
+    path = write_config(state_dir, config) if isinstance(config, dict) else config
+    env = {**twin.env, "CLUSTERBAKE_STATE_DIR": str(state_dir)}
+    result = subprocess.run(
+        [*CB, "-c", str(path), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"clusterbake {' '.join(args)} exited {result.returncode}\n--- stdout\n{result.stdout[-4000:]}"
+            f"\n--- stderr\n{result.stderr[-6000:]}"
+        )
+    return result
+
+
+def inventory(twin: Twin, state_dir: Path, config_path: Path, **env: str) -> dict:
+    result = subprocess.run(
+        [str(REPO / "inventories" / "azure_rm.py"), "--list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**twin.env, "CLUSTERBAKE_STATE_DIR": str(state_dir), "CLUSTERBAKE_CONFIG": str(config_path), **env},
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def of_type(resources: list[dict], kind: str) -> list[dict]:
+    return [r for r in resources if r["type"] == kind]
+
+
+PAGE_SIZE = 3  # small pages: every listing of the tests goes through nextLink
+
+
+@contextmanager
+def arm_twin(root: Path, page_size: int = PAGE_SIZE) -> Iterator[Twin]:
+    directory = root / "twin"
+    log_path = root / "twin.log"
+    (directory / "endpoints.json").unlink(missing_ok=True)  # a restart on the same state: wait for the new one
+    base_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(root),
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
+    }
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "clusterbake.twins.azure.arm",
+                "--dir",
+                str(directory),
+                "--page-size",
+                str(page_size),
+                "--operation-seconds",
+                "0.1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={
+                **base_env,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), base_env.get("PYTHONPATH")])),
+            },
+        )
+        try:
+            deadline = time.monotonic() + 30
+            endpoints_file = directory / "endpoints.json"
+            while not endpoints_file.exists():
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the ARM twin did not start: {log_path.read_text()}")
+                time.sleep(0.1)
+            endpoints = json.loads(endpoints_file.read_text())
+            env = {
+                **base_env,
+                **endpoints["env"],
+                # No Azure CLI, shared token cache or other credential source of this host.
+                "AZURE_CONFIG_DIR": str(root / "az"),
+            }
+            yield Twin(endpoints["arm"], directory, endpoints, env)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()

@@ -1,0 +1,349 @@
+"""The ARM twin speaks ARM: URL shapes, api-version, auth, long-running operations, errors, paging,
+and Azure's rules (raw HTTPS requests, so the wire format itself is checked, not the SDK's view)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from azuretest import LOCATION, NET_GROUP, SUBNET, VNET, Twin, needs_sdk
+
+pytestmark = needs_sdk  # the shared twin fixture builds its network with the SDK
+
+V = "api-version=2024-07-01"
+
+
+def _sub(twin: Twin) -> str:
+    return f"/subscriptions/{twin.subscription}"
+
+
+def _rg(twin: Twin, name: str) -> str:
+    return f"{_sub(twin)}/resourceGroups/{name}"
+
+
+def _wait(twin: Twin, token: str, headers: dict) -> dict:
+    """Poll Azure-AsyncOperation until it is done, as a client does."""
+    url = headers["Azure-AsyncOperation"].removeprefix(twin.url)
+    for _ in range(100):
+        status, body, _ = twin.request("GET", url, token=token)
+        assert status == 200, body
+        if body["status"] != "InProgress":
+            return body
+        time.sleep(0.05)
+    raise AssertionError("operation never finished")
+
+
+@pytest.fixture(scope="module")
+def token(twin) -> str:
+    return twin.token()
+
+
+@pytest.fixture(scope="module")
+def group(twin, token) -> str:
+    status, body, _ = twin.request("PUT", f"{_rg(twin, 'twin-rg')}?{V}", {"location": LOCATION}, token)
+    assert status in (200, 201), body
+    return "twin-rg"
+
+
+def test_requests_need_an_api_version_and_a_token(twin, token):
+    status, body, _ = twin.request("GET", f"{_sub(twin)}/resourcegroups", token=token)
+    assert (status, body["error"]["code"]) == (400, "MissingApiVersionParameter")
+    status, body, _ = twin.request("GET", f"{_sub(twin)}/resourcegroups?api-version=latest", token=token)
+    assert (status, body["error"]["code"]) == (400, "InvalidApiVersionParameter")
+    status, body, headers = twin.request("GET", f"{_sub(twin)}/resourcegroups?{V}")
+    assert (status, body["error"]["code"]) == (401, "AuthenticationFailed")
+    assert headers["WWW-Authenticate"].startswith("Bearer")
+    status, body, _ = twin.request("GET", f"{_sub(twin)}/resourcegroups?{V}", token=token[:-4] + "AAAA")
+    assert (status, body["error"]["code"]) == (401, "InvalidAuthenticationToken")
+    vault_token = twin.token(resource="https://vault.azure.net")
+    status, body, _ = twin.request("GET", f"{_sub(twin)}/resourcegroups?{V}", token=vault_token)
+    assert (status, body["error"]["code"]) == (401, "InvalidAuthenticationTokenAudience")
+    status, body, _ = twin.request(
+        "GET", f"/subscriptions/11111111-1111-4111-8111-111111111111/resourcegroups?{V}", token=token
+    )
+    assert (status, body["error"]["code"]) == (404, "SubscriptionNotFound")
+
+
+def test_paths_are_case_insensitive_and_missing_things_are_404(twin, token, group):
+    status, body, _ = twin.request("GET", f"{_sub(twin)}/RESOURCEGROUPS/TWIN-RG?{V}", token=token)
+    assert status == 200 and body["name"] == "twin-rg"
+    status, body, _ = twin.request(
+        "GET", f"{_rg(twin, 'nope')}/providers/Microsoft.Compute/virtualMachines/x?{V}", token=token
+    )
+    assert (status, body["error"]["code"]) == (404, "ResourceGroupNotFound")
+    status, body, _ = twin.request(
+        "GET", f"{_rg(twin, group)}/providers/Microsoft.Compute/virtualMachines/x?{V}", token=token
+    )
+    assert (status, body["error"]["code"]) == (404, "ResourceNotFound")
+
+
+def test_listings_page_with_next_link(twin, token):
+    path = f"{_sub(twin)}/providers/Microsoft.Compute/skus?{V}&$filter=location eq '{LOCATION}'".replace(" ", "%20")
+    names, pages = [], 0
+    while path:
+        status, body, _ = twin.request("GET", path, token=token)
+        assert status == 200, body
+        names += [s["name"] for s in body["value"]]
+        pages += 1
+        path = body.get("nextLink", "").removeprefix(twin.url) or None
+    assert pages > 1
+    assert "Standard_ND96isr_H100_v5" in names and len(names) == len(set(names))
+
+
+def test_sku_catalogue_has_microsofts_nd_h100_v5_figures(twin, token):
+    entries = []
+    path = f"{_sub(twin)}/providers/Microsoft.Compute/skus?{V}"
+    while path:
+        _, body, _ = twin.request("GET", path, token=token)
+        entries += body["value"]
+        path = body.get("nextLink", "").removeprefix(twin.url) or None
+    nd = next(e for e in entries if e["name"] == "Standard_ND96isr_H100_v5" and e["locations"] == [LOCATION])
+    caps = {c["name"]: c["value"] for c in nd["capabilities"]}
+    assert (caps["vCPUs"], caps["MemoryGB"], caps["GPUs"], caps["RdmaEnabled"]) == ("96", "1900", "8", "True")
+    assert caps["vCPUsPerCore"] == "1" and caps["LowPriorityCapable"] == "False"
+    assert nd["family"] == "standardNDSH100v5Family" and nd["locationInfo"][0]["zones"] == ["1", "2", "3"]
+    h200 = next(e for e in entries if e["name"] == "Standard_ND96isr_H200_v5" and e["locations"] == [LOCATION])
+    assert h200["restrictions"][0]["type"] == "Zone" and h200["restrictions"][0]["restrictionInfo"]["zones"] == ["3"]
+
+
+def test_network_rules(twin, token, group):
+    base = f"{_rg(twin, group)}/providers/Microsoft.Network"
+    subnet_id = f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/{SUBNET}"
+    # A subnet outside its network, and one overlapping a sibling.
+    status, body, _ = twin.request(
+        "PUT",
+        f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/outside?{V}",
+        {"properties": {"addressPrefix": "10.99.0.0/24"}},
+        token,
+    )
+    assert (status, body["error"]["code"]) == (400, "NetcfgSubnetRangeOutsideVnet")
+    status, body, _ = twin.request(
+        "PUT",
+        f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/overlap?{V}",
+        {"properties": {"addressPrefix": "10.70.0.128/25"}},
+        token,
+    )
+    assert (status, body["error"]["code"]) == (400, "NetcfgSubnetRangesOverlap")
+
+    def nic(name, **ip):
+        config = {"name": "ipconfig1", "properties": {"subnet": {"id": subnet_id}, **ip}}
+        return twin.request(
+            "PUT",
+            f"{base}/networkInterfaces/{name}?{V}",
+            {"location": LOCATION, "properties": {"ipConfigurations": [config]}},
+            token,
+        )
+
+    status, body, headers = nic("n1", privateIPAllocationMethod="Static", privateIPAddress="10.70.0.200")
+    assert status == 201 and body["properties"]["provisioningState"] == "Creating"
+    assert _wait(twin, token, headers)["status"] == "Succeeded"
+    status, body, _ = nic("n2", privateIPAllocationMethod="Static", privateIPAddress="10.70.0.200")
+    assert (status, body["error"]["code"]) == (400, "PrivateIPAddressInUse")
+    status, body, _ = nic("n2", privateIPAllocationMethod="Static", privateIPAddress="10.70.1.5")
+    assert (status, body["error"]["code"]) == (400, "PrivateIPAddressNotInSubnet")
+    status, body, _ = nic("n2", privateIPAllocationMethod="Static", privateIPAddress="10.70.0.2")
+    assert (status, body["error"]["code"]) == (400, "PrivateIPAddressIsReserved")
+    status, body, headers = nic("n2", privateIPAllocationMethod="Dynamic")
+    assert body["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] == "10.70.0.4"
+    _wait(twin, token, headers)
+    # The subnet cannot go while NICs use it.
+    status, body, _ = twin.request("DELETE", f"{subnet_id}?{V}", token=token)
+    assert (status, body["error"]["code"]) == (400, "InUseSubnetCannotBeDeleted")
+    for name in ("n1", "n2"):
+        status, _, headers = twin.request("DELETE", f"{base}/networkInterfaces/{name}?{V}", token=token)
+        assert status == 202 and "Location" in headers
+        _wait(twin, token, headers)
+    status, _, _ = twin.request("GET", f"{base}/networkInterfaces/n1?{V}", token=token)
+    assert status == 404
+
+
+def test_nsg_rules_are_validated(twin, token, group):
+    url = f"{_rg(twin, group)}/providers/Microsoft.Network/networkSecurityGroups/nsg1?{V}"
+
+    def rule(name, priority):
+        return {
+            "name": name,
+            "properties": {
+                "priority": priority,
+                "direction": "Inbound",
+                "access": "Allow",
+                "protocol": "Tcp",
+                "sourceAddressPrefix": "10.0.0.0/8",
+                "sourcePortRange": "*",
+                "destinationAddressPrefix": "*",
+                "destinationPortRange": "22",
+            },
+        }
+
+    status, body, _ = twin.request(
+        "PUT", url, {"location": LOCATION, "properties": {"securityRules": [rule("a", 99)]}}, token
+    )
+    assert (status, body["error"]["code"]) == (400, "SecurityRuleInvalidPriority")
+    status, body, _ = twin.request(
+        "PUT", url, {"location": LOCATION, "properties": {"securityRules": [rule("a", 100), rule("b", 100)]}}, token
+    )
+    assert (status, body["error"]["code"]) == (400, "SecurityRuleConflict")
+    status, body, headers = twin.request(
+        "PUT", url, {"location": LOCATION, "properties": {"securityRules": [rule("a", 100)]}}, token
+    )
+    assert status == 201
+    assert body["properties"]["defaultSecurityRules"][0]["name"] == "AllowVnetInBound"
+    _wait(twin, token, headers)
+    status, _, headers = twin.request("DELETE", url, token=token)
+    _wait(twin, token, headers)
+
+
+def test_vm_rules_quota_capacity_and_power(own_twin):
+    twin = own_twin
+    token = twin.token()
+    twin.request("PUT", f"{_rg(twin, 'vm-rg')}?{V}", {"location": LOCATION}, token)
+    base = f"{_rg(twin, 'vm-rg')}/providers"
+    subnet_id = f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/{SUBNET}"
+
+    def nic(name):
+        _, body, headers = twin.request(
+            "PUT",
+            f"{base}/Microsoft.Network/networkInterfaces/{name}?{V}",
+            {
+                "location": LOCATION,
+                "properties": {
+                    "ipConfigurations": [
+                        {
+                            "name": "ip",
+                            "properties": {"subnet": {"id": subnet_id}, "privateIPAllocationMethod": "Dynamic"},
+                        }
+                    ]
+                },
+            },
+            token,
+        )
+        _wait(twin, token, headers)
+        return body["id"]
+
+    def vm(name, size, nic_id, zone="1", **props):
+        body = {
+            "location": LOCATION,
+            "zones": [zone],
+            "properties": {
+                "hardwareProfile": {"vmSize": size},
+                "storageProfile": {
+                    "imageReference": {"publisher": "Canonical", "offer": "o", "sku": "s", "version": "latest"}
+                },
+                "osProfile": {
+                    "computerName": name,
+                    "adminUsername": "azureuser",
+                    "linuxConfiguration": {
+                        "disablePasswordAuthentication": True,
+                        "ssh": {
+                            "publicKeys": [
+                                {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAA"}
+                            ]
+                        },
+                    },
+                },
+                "networkProfile": {"networkInterfaces": [{"id": nic_id}]},
+                **props,
+            },
+        }
+        return twin.request("PUT", f"{base}/Microsoft.Compute/virtualMachines/{name}?{V}", body, token)
+
+    n1 = nic("nic1")
+    status, body, _ = vm("vm1", "Standard_ND96isr_H200_v5", n1, zone="3")
+    assert (status, body["error"]["code"]) == (409, "SkuNotAvailable")
+    status, body, _ = vm("vm1", "Standard_ND96isr_H100_v5", n1, priority="Spot", evictionPolicy="Delete")
+    assert (status, body["error"]["code"]) == (409, "SkuNotAvailable") and "Spot" in body["error"]["message"]
+    status, body, _ = vm("vm1", "Standard_D4s_v5", n1, priority="Spot")
+    assert (status, body["error"]["code"], body["error"]["target"]) == (400, "InvalidParameter", "evictionPolicy")
+    twin.set_quota({LOCATION: {"standardNDSH100v5Family": 100}})
+    status, body, _ = vm("vm1", "Standard_ND96isr_H100_v5", n1)
+    assert status == 201, body
+    n2 = nic("nic2")
+    status, body, _ = vm("vm2", "Standard_ND96isr_H100_v5", n2)
+    assert (status, body["error"]["code"]) == (409, "OperationNotAllowed")
+    assert "exceeding approved standardNDSH100v5Family Cores quota" in body["error"]["message"]
+    assert "Current Limit: 100, Current Usage: 96, Additional Required: 96" in body["error"]["message"]
+    twin.set_quota(None)
+    status, body, _ = vm("vm2", "Standard_D4s_v5", n1)
+    assert (status, body["error"]["code"]) == (400, "NicInUse")
+    # Capacity: the second D4s_v5 is created, then its allocation fails (the operation says why).
+    twin.set_capacity({"Standard_D4s_v5": {"limit": 1, "code": "AllocationFailed"}})
+    status, body, headers = vm("vm2", "Standard_D4s_v5", n2)
+    assert status == 201
+    assert _wait(twin, token, headers)["status"] == "Succeeded"
+    n3 = nic("nic3")
+    status, body, headers = vm("vm3", "Standard_D4s_v5", n3)
+    assert status == 201
+    result = _wait(twin, token, headers)
+    assert result["status"] == "Failed" and result["error"]["code"] == "AllocationFailed"
+    status, body, _ = twin.request("GET", f"{base}/Microsoft.Compute/virtualMachines/vm3?{V}", token=token)
+    assert body["properties"]["provisioningState"] == "Failed"
+    twin.set_capacity(None)
+    # Power: deallocate and start are long-running actions; the instance view says the power state.
+    status, _, headers = twin.request(
+        "POST", f"{base}/Microsoft.Compute/virtualMachines/vm2/deallocate?{V}", token=token
+    )
+    assert status == 202
+    _wait(twin, token, headers)
+    status, view, _ = twin.request("GET", f"{base}/Microsoft.Compute/virtualMachines/vm2/instanceView?{V}", token=token)
+    assert "PowerState/deallocated" in [s["code"] for s in view["statuses"]]
+    # A NIC attached to a VM cannot be deleted; a VM's OS disk stays unless its deleteOption is Delete.
+    status, body, _ = twin.request("DELETE", f"{base}/Microsoft.Network/networkInterfaces/nic2?{V}", token=token)
+    assert (status, body["error"]["code"]) == (400, "NicInUse")
+    status, _, headers = twin.request("DELETE", f"{base}/Microsoft.Compute/virtualMachines/vm2?{V}", token=token)
+    _wait(twin, token, headers)
+    disks = [r for r in twin.state()["resources"].values() if r["type"] == "Microsoft.Compute/disks"]
+    assert any(d["name"].startswith("vm2_OsDisk") and d["properties"]["diskState"] == "Unattached" for d in disks)
+    # Deleting the resource group deletes everything in it.
+    status, _, headers = twin.request("DELETE", f"{_rg(twin, 'vm-rg')}?{V}", token=token)
+    assert status == 202
+    _wait(twin, token, headers)
+    left = [k for k in twin.state()["resources"] if "/resourcegroups/vm-rg/" in k]
+    assert left == []
+
+
+def test_key_vault_soft_delete_and_data_plane_access(own_twin):
+    twin = own_twin
+    token = twin.token()
+    state = twin.state()
+    tenant, caller = state["tenant"], state["controller_oid"]
+    twin.request("PUT", f"{_rg(twin, 'kv-rg')}?{V}", {"location": LOCATION}, token)
+    url = f"{_rg(twin, 'kv-rg')}/providers/Microsoft.KeyVault/vaults/cbtwinvault?{V}"
+    body = {
+        "location": LOCATION,
+        "properties": {
+            "tenantId": tenant,
+            "sku": {"family": "A", "name": "standard"},
+            "accessPolicies": [{"tenantId": tenant, "objectId": caller, "permissions": {"secrets": ["get"]}}],
+        },
+    }
+    status, vault, headers = twin.request("PUT", url, body, token)
+    assert status == 201 and vault["properties"]["vaultUri"] == "https://cbtwinvault.vault.azure.net/"
+    _wait(twin, token, headers)
+    status, _, _ = twin.request("DELETE", url, token=token)
+    assert status == 200
+    status, error, _ = twin.request("PUT", url, body, token)
+    assert (status, error["error"]["code"]) == (409, "ConflictError")
+    deleted = f"{_sub(twin)}/providers/Microsoft.KeyVault/locations/{LOCATION}/deletedVaults/cbtwinvault"
+    status, item, _ = twin.request("GET", f"{deleted}?{V}", token=token)
+    assert status == 200 and item["properties"]["location"] == LOCATION
+    status, _, headers = twin.request("POST", f"{deleted}/purge?{V}", token=token)
+    assert status == 202
+    _wait(twin, token, headers)
+    status, _, _ = twin.request("GET", f"{deleted}?{V}", token=token)
+    assert status == 404
+
+
+def test_state_survives_a_restart_of_the_twin(tmp_path):
+    from azuretest import arm_twin
+
+    with arm_twin(tmp_path) as first:
+        token = first.token()
+        status, _, _ = first.request(
+            "PUT", f"{_rg(first, 'kept-rg')}?{V}", {"location": LOCATION, "tags": {"a": "b"}}, token
+        )
+        assert status == 201
+        counter = first.state()["counter"]
+    with arm_twin(tmp_path) as second:
+        status, body, _ = second.request("GET", f"{_rg(second, 'kept-rg')}?{V}", token=second.token())
+        assert status == 200 and body["tags"] == {"a": "b"}
+        assert second.state()["counter"] >= counter  # ids stay unique across restarts

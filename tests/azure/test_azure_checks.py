@@ -1,0 +1,179 @@
+"""Config errors found with Azure's read-only calls, before anything is created (exit status 2).
+
+Three cases run the CLI as a subprocess (message on stderr, exit status); the others call
+`cluster.up` in-process against the same twin, which is what the CLI runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from azuretest import LOCATION, NET_GROUP, example_config, needs_sdk, run_cb
+
+from clusterbake import cluster
+from clusterbake.config import load_config
+from clusterbake.errors import ClusterbakeError
+
+pytestmark = needs_sdk
+SUBPROCESS = {"size-not-in-zone", "infiniband-on-non-rdma", "quota"}
+H100 = "Standard_ND96isr_H100_v5"
+
+
+def _gpu(**changes):
+    return [{"name": "gpu", "count": 2, "instance_type": H100, **changes}]
+
+
+CASES = {
+    "unknown-size": (
+        {"node_groups": _gpu(instance_type="Standard_ND96isr_B900_v9")},
+        "node_groups.0.instance_type: Standard_ND96isr_B900_v9 is not a VM size offered in eastus",
+    ),
+    "head-size-not-in-location": (
+        {
+            "azure": {
+                "location": "westeurope",
+                "subnet_id": None,
+                "vnet_name": "west-vnet",
+                "subnet_name": "nodes",
+                "vnet_resource_group": NET_GROUP,
+            }
+        },
+        "node_groups.0.instance_type: Standard_ND96isr_H100_v5 is not a VM size offered in westeurope",
+    ),
+    "size-not-in-zone": (
+        {"node_groups": _gpu(instance_type="Standard_ND96isr_H200_v5"), "azure": {"zone": "3"}},
+        "node_groups.0.instance_type: Standard_ND96isr_H200_v5 is not offered in zone 3 of eastus for this "
+        "subscription (zones: 1, 2); set azure.zone to one of those",
+    ),
+    "infiniband-on-non-rdma": (
+        {"node_groups": _gpu(instance_type="Standard_NC24ads_A100_v4", infiniband=True)},
+        "node_groups.0.infiniband: Standard_NC24ads_A100_v4 has no InfiniBand (RdmaEnabled False)",
+    ),
+    "spot-not-sold": (
+        {"node_groups": _gpu(spot=True)},
+        "node_groups.0.spot: Standard_ND96isr_H100_v5 is not sold as Spot in eastus (LowPriorityCapable False)",
+    ),
+    "quota": (
+        {"node_groups": _gpu(count=12)},
+        "node_groups.0.instance_type: 12 x Standard_ND96isr_H100_v5 need 1152 vCPUs of the standardNDSH100v5Family "
+        "vCPUs quota in eastus (1152 for the cluster's new nodes), 1000 of 1000 left",
+    ),
+    "regional-quota": (
+        {
+            "node_groups": [
+                {"name": "gpu", "count": 10, "instance_type": H100},
+                {"name": "hpc", "count": 8, "instance_type": "Standard_HB120rs_v3"},
+                {"name": "nc", "count": 5, "instance_type": "Standard_NC24ads_A100_v4"},
+            ]
+        },
+        "node_groups.2.instance_type: 5 x Standard_NC24ads_A100_v4 need 120 vCPUs of the total regional vCPUs "
+        "quota in eastus (2048 for the cluster's new nodes), 2000 of 2000 left",
+    ),
+    "missing-vnet": (
+        {"azure": {"subnet_id": None, "vnet_name": "nope", "subnet_name": "nodes", "vnet_resource_group": NET_GROUP}},
+        "azure.vnet_name: virtual network nope does not exist in resource group net-rg",
+    ),
+    "missing-subnet": (
+        {
+            "azure": {
+                "subnet_id": "/subscriptions/{sub}/resourceGroups/net-rg/providers/Microsoft.Network/"
+                "virtualNetworks/hpc-vnet/subnets/gone"
+            }
+        },
+        "azure.subnet_id: subnet gone does not exist in virtual network hpc-vnet (net-rg)",
+    ),
+    "subnet-in-other-region": (
+        {
+            "azure": {
+                "subnet_id": None,
+                "vnet_name": "west-vnet",
+                "subnet_name": "nodes",
+                "vnet_resource_group": NET_GROUP,
+            }
+        },
+        "azure.subnet_name: nodes of virtual network west-vnet (resource group net-rg) is in westeurope, "
+        "not in azure.location eastus",
+    ),
+    "subnet-too-small": (
+        {
+            "node_groups": _gpu(count=3),
+            "azure": {
+                "subnet_id": None,
+                "vnet_name": "hpc-vnet",
+                "subnet_name": "tiny",
+                "vnet_resource_group": NET_GROUP,
+            },
+        },
+        "azure.subnet_name: room for 3 nodes, the config plans 4; choose a larger subnet or fewer nodes",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_check_names_the_field_and_creates_nothing(twin, tmp_path, monkeypatch, case):
+    changes, expected = CASES[case]
+    changes = {k: (dict(v) if isinstance(v, dict) else v) for k, v in changes.items()}
+    name = "chk" + "".join(c for c in case if c.isalpha())[:18]
+    azure = changes.pop("azure", {})
+    if azure.get("subnet_id"):
+        azure["subnet_id"] = azure["subnet_id"].format(sub=twin.subscription)
+    config = example_config(twin, cluster_name=name, partitions=[], **changes)
+    config["azure"] |= {"resource_group": f"{name}-rg", **azure}
+    config["azure"] = {k: v for k, v in config["azure"].items() if v is not None}
+    if case in SUBPROCESS:
+        result = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only", check=False)
+        assert result.returncode == 2, result.stderr
+        assert expected in result.stderr
+        assert "Traceback" not in result.stderr
+    else:
+        for key, value in twin.env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("CLUSTERBAKE_STATE_DIR", str(tmp_path))
+        path = tmp_path / "cluster.yaml"
+        path.write_text(yaml.safe_dump(config))
+        with pytest.raises(ClusterbakeError) as info:
+            cluster.up(load_config(path), path, provision_only=True)
+        assert info.value.exit_code == 2, str(info.value)
+        assert expected in str(info.value)
+    state = twin.state()
+    assert f"{name}-rg" not in state["groups"], "a resource group was created before the checks passed"
+    assert twin.resources_of(name) == []
+
+
+def test_location_is_checked_for_every_size(twin):
+    """The checks read Resource SKUs of the config's location only (one paged listing)."""
+    from azure.identity import DefaultAzureCredential
+    from azure.mgmt.compute import ComputeManagementClient
+
+    from clusterbake.providers.azure.catalogue import Catalogue
+
+    with twin.sdk_env():
+        compute = ComputeManagementClient(DefaultAzureCredential(), twin.subscription, base_url=twin.url)
+        sizes = Catalogue(compute, LOCATION).sizes
+    h100 = sizes["standard_nd96isr_h100_v5"]
+    assert (h100.vcpus, h100.cores, h100.threads_per_core, h100.memory_mib) == (96, 96, 1, 1900 * 1024)
+    assert h100.gpus == (("h100", 8),) and h100.rdma and not h100.low_priority and h100.nvswitch
+    d4 = sizes["standard_d4s_v5"]
+    assert (d4.vcpus, d4.cores, d4.threads_per_core, d4.gpus, d4.rdma) == (4, 2, 2, (), False)
+
+
+def test_no_image_is_exit_3_and_creates_nothing(twin, tmp_path):
+    config = example_config(twin, cluster_name="chknoimage")
+    config["azure"]["resource_group"] = "chknoimage-rg"
+    del config["azure"]["image"]
+    result = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only", check=False)
+    assert result.returncode == 3, result.stderr
+    assert "run `make image PROVIDER=azure` (or set azure.image)" in result.stderr
+    assert "chknoimage-rg" not in twin.state()["groups"]
+
+
+def test_an_image_id_that_does_not_exist_is_a_config_error(twin, tmp_path):
+    config = example_config(twin, cluster_name="chkbadimage")
+    config["azure"] |= {
+        "resource_group": "chkbadimage-rg",
+        "image": f"/subscriptions/{twin.subscription}/resourceGroups/img/providers/Microsoft.Compute/images/none",
+    }
+    result = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only", check=False)
+    assert result.returncode == 2, result.stderr
+    assert "azure.image: image /subscriptions/" in result.stderr and "does not exist" in result.stderr
+    assert "chkbadimage-rg" not in twin.state()["groups"]

@@ -1,0 +1,336 @@
+"""`clusterbake cluster up --provision-only` / `cluster down` for examples/azure-ndv5.yaml, end to end.
+
+The real CLI runs as a subprocess against the ARM twin (conftest.py) through the real Azure
+SDK; what it created is then read back from the twin (`/_twin/state`, raw ARM requests) and
+through the inventory script. No VM boots here (the twin's VMs are records): SSH, Ansible
+and Slurm are not part of these tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import email
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from azuretest import LOCATION, REPO, SUBNET_PREFIX, example_config, inventory, needs_sdk, of_type, run_cb
+
+pytestmark = needs_sdk
+CLUSTER = "ndv5demo"
+RG = "ndv5demo-rg"
+H100 = "Standard_ND96isr_H100_v5"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def _config(twin):
+    config = example_config(twin)
+    config["node_groups"].append(
+        {"name": "cpu", "count": 1, "instance_type": "Standard_D4s_v5", "spot": True, "placement_group": False}
+    )
+    return config
+
+
+@pytest.fixture(scope="module")
+def ndv5(twin, tmp_path_factory):
+    """The example cluster (plus a spot CPU group), up once for the module and down at its end."""
+    state_dir = tmp_path_factory.mktemp("state-ndv5")
+    config = _config(twin)
+    first = run_cb(twin, state_dir, config, "cluster", "up", "--provision-only")
+    yield {"state_dir": state_dir, "config": config, "first": first, "path": state_dir / f"{CLUSTER}.yaml"}
+    run_cb(twin, state_dir, config, "cluster", "down")
+
+
+def _vms(twin) -> dict[str, dict]:
+    vms = of_type(twin.resources_of(CLUSTER), "Microsoft.Compute/virtualMachines")
+    return {vm["tags"]["clusterbake-name"]: vm for vm in vms}
+
+
+def test_vms_are_tagged_sized_and_placed(twin, ndv5):
+    vms = _vms(twin)
+    assert sorted(vms) == ["cpu-1", "gpu-1", "gpu-2", "head"]
+    assert "4 nodes provisioned" in ndv5["first"].stdout
+    assert "scale set clusterbake-ndv5demo-gpu created" in ndv5["first"].stderr
+    head = vms["head"]
+    assert head["tags"] == {
+        "clusterbake-cluster": CLUSTER,
+        "clusterbake-role": "head",
+        "clusterbake-nodegroup": "head",
+        "clusterbake-name": "head",
+    }
+    assert head["name"] == f"{CLUSTER}-head" and head["properties"]["osProfile"]["computerName"] == "head"
+    assert head["properties"]["hardwareProfile"]["vmSize"] == "Standard_D8s_v5"
+    assert "proximityPlacementGroup" not in head["properties"]
+    scale_set = f"clusterbake-{CLUSTER}-gpu"
+    for name in ("gpu-1", "gpu-2"):
+        vm = vms[name]
+        props = vm["properties"]
+        assert vm["tags"]["clusterbake-nodegroup"] == "gpu" and vm["tags"]["clusterbake-role"] == "compute"
+        assert props["hardwareProfile"]["vmSize"] == H100 and vm["zones"] == ["1"]
+        assert props["priority"] == "Regular"
+        # One Flexible scale set per InfiniBand group (one fabric), in the group's proximity placement group.
+        assert props["virtualMachineScaleSet"]["id"].endswith(f"/virtualMachineScaleSets/{scale_set}")
+        assert props["proximityPlacementGroup"]["id"].endswith(f"/proximityPlacementGroups/{scale_set}")
+        assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+        assert props["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"] is True
+        identities = list(vm["identity"]["userAssignedIdentities"])
+        assert [i.rsplit("/", 1)[-1] for i in identities] == [f"clusterbake-{CLUSTER}-nodes"]
+    spot = vms["cpu-1"]["properties"]
+    assert (spot["priority"], spot["evictionPolicy"], spot["billingProfile"]["maxPrice"]) == ("Spot", "Delete", -1)
+    assert "proximityPlacementGroup" not in spot and "virtualMachineScaleSet" not in spot
+    resources = twin.resources_of(CLUSTER)
+    scale_sets = of_type(resources, "Microsoft.Compute/virtualMachineScaleSets")
+    assert [s["name"] for s in scale_sets] == [scale_set]
+    assert scale_sets[0]["properties"]["orchestrationMode"] == "Flexible"
+    assert scale_sets[0]["properties"]["platformFaultDomainCount"] == 1
+
+
+def test_nics_have_the_planned_static_addresses(twin, ndv5):
+    nics = {
+        n["tags"]["clusterbake-name"]: n
+        for n in of_type(twin.resources_of(CLUSTER), "Microsoft.Network/networkInterfaces")
+    }
+    addresses = {name: nic["properties"]["ipConfigurations"][0]["properties"] for name, nic in nics.items()}
+    # From the top of the subnet, in plan order: head, gpu-1, gpu-2, cpu-1 (Azure allocates from the bottom).
+    assert {n: a["privateIPAddress"] for n, a in addresses.items()} == {
+        "head": "10.70.0.254",
+        "gpu-1": "10.70.0.253",
+        "gpu-2": "10.70.0.252",
+        "cpu-1": "10.70.0.251",
+    }
+    assert all(a["privateIPAllocationMethod"] == "Static" for a in addresses.values())
+    assert all(a["subnet"]["id"].endswith("/subnets/nodes") for a in addresses.values())
+    state = json.loads((ndv5["state_dir"] / "clusters" / CLUSTER / "state.json").read_text())
+    assert {n: v["address"] for n, v in state["nodes"].items()}["gpu-2"] == "10.70.0.252"
+    assert SUBNET_PREFIX == "10.70.0.0/24"
+
+
+def test_nsg_admits_ssh_from_the_cidrs_and_the_cluster_only(twin, ndv5):
+    resources = twin.resources_of(CLUSTER)
+    nsg = of_type(resources, "Microsoft.Network/networkSecurityGroups")[0]
+    asg = of_type(resources, "Microsoft.Network/applicationSecurityGroups")[0]
+    rules = {r["name"]: r["properties"] for r in nsg["properties"]["securityRules"]}
+    assert rules["ssh-0"]["sourceAddressPrefix"] == "203.0.113.0/24"
+    assert (rules["ssh-0"]["destinationPortRange"], rules["ssh-0"]["access"]) == ("22", "Allow")
+    assert rules["cluster"]["sourceApplicationSecurityGroups"] == [{"id": asg["id"]}]
+    assert rules["cluster"]["destinationApplicationSecurityGroups"] == [{"id": asg["id"]}]
+    assert (rules["deny-vnet"]["sourceAddressPrefix"], rules["deny-vnet"]["access"]) == ("VirtualNetwork", "Deny")
+    assert rules["ssh-0"]["priority"] < rules["cluster"]["priority"] < rules["deny-vnet"]["priority"]
+    for nic in of_type(resources, "Microsoft.Network/networkInterfaces"):
+        assert nic["properties"]["networkSecurityGroup"]["id"] == nsg["id"]
+        assert nic["properties"]["ipConfigurations"][0]["properties"]["applicationSecurityGroups"] == [
+            {"id": asg["id"]}
+        ]
+
+
+def test_custom_data_says_where_the_bundle_is_never_the_bundle(twin, ndv5):
+    munge = (ndv5["state_dir"] / "clusters" / CLUSTER / "secrets" / "munge.key").read_bytes()
+    resources = twin.resources_of(CLUSTER)
+    identity = of_type(resources, "Microsoft.ManagedIdentity/userAssignedIdentities")[0]
+    vault = of_type(resources, "Microsoft.KeyVault/vaults")[0]
+    for name in ("gpu-1", "head"):
+        _, body, _ = twin.request("GET", f"/_twin/vms/{CLUSTER}-{name}/custom-data")
+        raw = base64.b64decode(body["customData"])
+        # userData (what Azure's IMDS serves the boot service) is the same pointer-only document.
+        assert base64.b64decode(body["userData"]) == raw
+        assert base64.b64encode(munge)[:40] not in raw and munge[:32] not in raw
+        message = email.message_from_bytes(raw)
+        parts = {
+            p.get_content_type(): p.get_payload(decode=True).decode() for p in message.walk() if not p.is_multipart()
+        }
+        ours = json.loads(parts["text/x-clusterbake"])
+        assert ours["hostname"] == name and ours["ssh_user"] == "azureuser"
+        if name == "head":
+            assert ours["join"] is None
+        else:
+            assert ours["join"] == {
+                "cloud": "azure",
+                "vault_url": vault["properties"]["vaultUri"],
+                "secret_name": "join-gpu",
+                "client_id": identity["properties"]["clientId"],
+            }
+
+
+def test_vault_grants_the_nodes_get_and_the_controller_set(twin, ndv5):
+    state = twin.state()
+    resources = twin.resources_of(CLUSTER)
+    identity = of_type(resources, "Microsoft.ManagedIdentity/userAssignedIdentities")[0]
+    vault = of_type(resources, "Microsoft.KeyVault/vaults")[0]
+    policies = {p["objectId"]: sorted(p["permissions"]["secrets"]) for p in vault["properties"]["accessPolicies"]}
+    assert policies == {
+        state["controller_oid"]: ["delete", "get", "list", "set"],
+        identity["properties"]["principalId"]: ["get"],
+    }
+    assert vault["name"].startswith("cbndv5demo") and len(vault["name"]) <= 24
+
+
+def test_rerun_writes_nothing(twin, ndv5):
+    before = twin.state()
+    again = run_cb(twin, ndv5["state_dir"], ndv5["config"], "cluster", "up", "--provision-only")
+    after = twin.state()
+    assert "all 4 nodes exist" in again.stderr
+    assert "created" not in again.stderr
+    # Every write of the twin draws an id (etags, operations, resources): no write at all.
+    assert after["counter"] == before["counter"]
+    assert after["resources"] == before["resources"]
+
+
+def test_after_configure_publishes_the_bundle_the_nodes_can_read(twin, ndv5, monkeypatch):
+    from azure.core.exceptions import HttpResponseError
+    from azure.identity import ManagedIdentityCredential
+    from azure.keyvault.secrets import SecretClient
+
+    from clusterbake.config import load_config
+    from clusterbake.providers.azure.provider import AzureProvider
+    from clusterbake.state import StateDir
+
+    for key, value in twin.env.items():
+        monkeypatch.setenv(key, value)
+    config = load_config(ndv5["path"])
+    state = StateDir(ndv5["state_dir"])
+    join = state.cluster(CLUSTER).join_bundles
+    (join / "gpu.json").write_text('{"files": [], "users": []}')
+    provider = AzureProvider(config, state)
+    provider.after_configure()
+    provider.after_configure()  # unchanged: not written again
+    resources = twin.resources_of(CLUSTER)
+    vault = of_type(resources, "Microsoft.KeyVault/vaults")[0]
+    identity = of_type(resources, "Microsoft.ManagedIdentity/userAssignedIdentities")[0]
+    versions = twin.state()["secrets"][vault["name"]]["join-gpu"]
+    assert len(versions) == 1 and versions[0]["contentType"] == "application/json"
+    # A node reads it with the group's identity (Key Vault's challenge, access policy get) and may not write.
+    node = SecretClient(
+        vault["properties"]["vaultUri"], ManagedIdentityCredential(client_id=identity["properties"]["clientId"])
+    )
+    assert node.get_secret("join-gpu").value == '{"files": [], "users": []}'
+    with pytest.raises(HttpResponseError) as info:
+        node.set_secret("join-gpu", "x")
+    assert info.value.status_code == 403 and "does not have secrets set permission" in str(info.value)
+
+
+def test_inventory_has_the_shared_shape(twin, ndv5):
+    result = inventory(twin, ndv5["state_dir"], ndv5["path"])
+    groups = {name: sorted(body.get("hosts", [])) for name, body in result.items() if name not in ("_meta", "all")}
+    assert groups["slurm_head"] == ["head"]
+    assert groups["slurm_compute"] == ["cpu-1", "gpu-1", "gpu-2"]
+    assert groups["nodegroup_gpu"] == ["gpu-1", "gpu-2"] and groups["nodegroup_cpu"] == ["cpu-1"]
+    assert groups["ib"] == ["gpu-1", "gpu-2"]
+    assert groups["gpu"] == ["gpu-1", "gpu-2"] and groups["nvswitch"] == ["gpu-1", "gpu-2"]
+    assert groups["train"] == ["gpu-1", "gpu-2"]
+    hostvars = result["_meta"]["hostvars"]
+    gpu = hostvars["gpu-1"]
+    assert gpu["ansible_host"] == "10.70.0.253"
+    assert gpu["clusterbake_node_role"] == "compute" and gpu["clusterbake_nodegroup"] == "gpu"
+    assert gpu["clusterbake_instance_type"] == H100 and gpu["clusterbake_zone"] == "1"
+    assert gpu["clusterbake_location"] == LOCATION
+    assert gpu["clusterbake_placement_group"] == f"clusterbake-{CLUSTER}-gpu"
+    assert gpu["clusterbake_scale_set"] == f"clusterbake-{CLUSTER}-gpu"
+    assert gpu["clusterbake_running"] is True and gpu["clusterbake_power_state"] == "running"
+    assert gpu["clusterbake_slurm_node"] == {
+        "cpus": 96,
+        "sockets": 1,
+        "cores_per_socket": 96,
+        "threads_per_core": 1,
+        "real_memory": 1848320,  # 1,900 GiB less 5%
+        "gres": ["gpu:h100:8"],
+        "features": ["gpu", "train", "ib", H100],
+    }
+    assert gpu["clusterbake_elastic"] is False
+    assert hostvars["head"]["clusterbake_slurm_node"]["real_memory"] == 31129  # 32 GiB less 5%
+    cpu = hostvars["cpu-1"]["clusterbake_slurm_node"]
+    assert cpu["real_memory"] == 15360  # 16 GiB less 1 GiB (5% would leave less than 1 GiB)
+    assert (cpu["cpus"], cpu["cores_per_socket"], cpu["threads_per_core"], cpu["gres"]) == (4, 2, 2, [])
+    variables = result["all"]["vars"]
+    assert variables["clusterbake_provider"] == "azure" and variables["node_join_self_join"] is True
+    assert variables["ansible_user"] == "azureuser" and variables["clusterbake_subnet_cidr"] == SUBNET_PREFIX
+
+
+def _filters():
+    path = REPO / "roles" / "slurm" / "filter_plugins" / "slurm_conf.py"
+    spec = importlib.util.spec_from_file_location("slurm_conf_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_slurm_node_and_gres_lines_for_nd_h100_v5_match_golden(twin, ndv5):
+    """Microsoft's ND H100 v5 size: 96 vCPUs (physical cores, no SMT), 1,900 GiB, 8 x H100 80 GB; RealMemory
+    95% of 1,900 GiB = 1,848,320 MiB. Rendered with the slurm role's own filters from the inventory."""
+    result = inventory(twin, ndv5["state_dir"], ndv5["path"])
+    hostvars = result["_meta"]["hostvars"]
+    filters = _filters()
+    hosts = ["gpu-1", "gpu-2"]
+    lines = [*filters.slurm_node_lines(hostvars, hosts), "", *filters.slurm_gres_conf_lines(hostvars, hosts)]
+    rendered = "\n".join(str(line) for line in lines) + "\n"
+    golden = GOLDEN / "azure-ndv5.slurm-nodes"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(rendered)
+    assert rendered == golden.read_text()
+    assert "CPUs=96" in rendered and "RealMemory=1848320" in rendered and "Gres=gpu:h100:8" in rendered
+
+
+def test_status_reads_power_from_the_instance_view(twin, ndv5, monkeypatch):
+    from clusterbake.config import load_config
+    from clusterbake.providers.azure.provider import AzureProvider
+    from clusterbake.state import StateDir
+
+    for key, value in twin.env.items():
+        monkeypatch.setenv(key, value)
+    provider = AzureProvider(load_config(ndv5["path"]), StateDir(ndv5["state_dir"]))
+    status = {s.name: s for s in provider.status()}
+    assert {n: s.state for n, s in status.items()} == {
+        "head": "running",
+        "gpu-1": "running",
+        "gpu-2": "running",
+        "cpu-1": "running",
+    }
+    assert status["gpu-1"].detail == f"{CLUSTER}-gpu-1 {H100} running"
+    assert provider.azure.resource_group == RG
+
+
+def _vm_action(twin, name: str, action: str) -> None:
+    path = (
+        f"/subscriptions/{twin.subscription}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines/"
+        f"{CLUSTER}-{name}/{action}?api-version=2024-07-01"
+    )
+    status, body, _ = twin.request("POST", path, token=twin.token())
+    assert status in (200, 202, 204), body
+
+
+def _power(twin, name: str) -> str:
+    path = (
+        f"/subscriptions/{twin.subscription}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines/"
+        f"{CLUSTER}-{name}/instanceView?api-version=2024-07-01"
+    )
+    _, view, _ = twin.request("GET", path, token=twin.token())
+    return next(s["code"] for s in view["statuses"] if s["code"].startswith("PowerState/"))
+
+
+def test_cluster_up_starts_a_deallocated_node(twin, ndv5):
+    _vm_action(twin, "gpu-2", "deallocate")
+    time.sleep(0.3)
+    assert _power(twin, "gpu-2") == "PowerState/deallocated"
+    again = run_cb(twin, ndv5["state_dir"], ndv5["config"], "cluster", "up", "--provision-only")
+    assert "starting 1 stopped VM(s)" in again.stderr
+    assert _power(twin, "gpu-2") == "PowerState/running"
+
+
+def test_an_evicted_spot_node_comes_back_at_its_address(twin, ndv5):
+    before = _vms(twin)["cpu-1"]["properties"]["vmId"]
+    _vm_action(twin, "cpu-1", "simulateEviction")  # evictionPolicy Delete: the VM (and its NIC) go
+    assert "cpu-1" not in _vms(twin)
+    run_cb(twin, ndv5["state_dir"], ndv5["config"], "cluster", "up", "--provision-only")
+    vm = _vms(twin)["cpu-1"]
+    assert vm["properties"]["vmId"] != before
+    nics = of_type(twin.resources_of(CLUSTER), "Microsoft.Network/networkInterfaces")
+    nic = next(n for n in nics if n["tags"]["clusterbake-name"] == "cpu-1")
+    assert nic["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] == "10.70.0.251"
+
+
+def test_inventory_of_a_cluster_without_vms_has_no_hosts(twin, ndv5):
+    result = inventory(twin, ndv5["state_dir"], ndv5["path"], CLUSTERBAKE_CLUSTER="nosuchcluster")
+    assert result["_meta"]["hostvars"] == {}
+    assert result["slurm_head"]["hosts"] == [] and result["all"]["vars"]["clusterbake_cluster_name"] == "nosuchcluster"

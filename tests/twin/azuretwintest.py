@@ -1,0 +1,136 @@
+"""Helpers of the Azure twin's tests: `twin up azure`'s environment, the real Azure SDK against it,
+nsenter into a VM's node, and what the twin could leave on the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from twintest import CB, run
+
+from clusterbake.nspawn import machines
+
+TWIN_NET = "twin-azure"
+
+
+def azure_twin_environment() -> dict[str, str]:
+    """`clusterbake twin up azure`'s export lines, applied to a copy of this environment."""
+    result = run([*CB, "twin", "up", "azure"], timeout=2400)
+    env = dict(os.environ)
+    for line in result.stdout.splitlines():
+        assert line.startswith("export "), f"unexpected output of twin up: {line!r}"
+        key, _, value = line[len("export ") :].partition("=")
+        env[key] = value
+    return env
+
+
+class Environ:
+    """Context: this process's environment pointed at the twin (the SDK reads it when a client is made)."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env, self.saved = env, {}
+
+    def __enter__(self):
+        for key, value in self.env.items():
+            self.saved[key] = os.environ.get(key)
+            os.environ[key] = value
+        return self
+
+    def __exit__(self, *exc):
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class AzureTwin:
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.info = self.status()
+        self.subscription = self.info["subscription_id"]
+
+    def status(self) -> dict:
+        return json.loads(run([*CB, "twin", "status", "azure"], env=self.env).stdout)
+
+    def vm(self, name: str) -> dict | None:
+        """The VM as the twin's control socket reports it (fast enough to poll)."""
+        return next((v for v in self.control("GET", "/status")["vms"] if v["name"] == name), None)
+
+    def control(self, method: str, path: str, body: dict | None = None) -> dict:
+        from clusterbake.state import StateDir
+        from clusterbake.twins.azure import control
+
+        state = StateDir(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")))
+        return control.request(state, method, path, body)
+
+    def clients(self):
+        """(compute, network, msi, keyvault, resources) management clients, made with the twin's environment."""
+        from azure.identity import DefaultAzureCredential
+        from azure.mgmt.compute import ComputeManagementClient
+        from azure.mgmt.keyvault import KeyVaultManagementClient
+        from azure.mgmt.msi import ManagedServiceIdentityClient
+        from azure.mgmt.network import NetworkManagementClient
+        from azure.mgmt.resource.resources import ResourceManagementClient
+
+        with Environ(self.env):
+            credential = DefaultAzureCredential(exclude_interactive_browser_credential=True)
+            options = {"base_url": self.env["AZURE_RESOURCE_MANAGER_ENDPOINT"]}
+            return (
+                ComputeManagementClient(credential, self.subscription, **options),
+                NetworkManagementClient(credential, self.subscription, **options),
+                ManagedServiceIdentityClient(credential, self.subscription, **options),
+                KeyVaultManagementClient(credential, self.subscription, **options),
+                ResourceManagementClient(credential, self.subscription, **options),
+            )
+
+    def node_pid(self, vm_id: str) -> int:
+        """PID 1 of the VM's node (the child of its nspawn process)."""
+        machine = f"cb-{TWIN_NET}-{vm_id}"
+        nspawn = machines.find_machines(machine).get(machine)
+        assert nspawn, f"no node runs for VM {vm_id}"
+        return int(Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()[0])
+
+    def inside(self, vm_id: str, command: str, check=True, timeout=120) -> subprocess.CompletedProcess:
+        """A command in the node's namespaces, without SSH (what a console would show)."""
+        pid = self.node_pid(vm_id)
+        return run(["nsenter", "-t", str(pid), "-a", "sh", "-c", command], check=check, timeout=timeout)
+
+    def python_inside(self, vm_id: str, program: str, check=True) -> subprocess.CompletedProcess:
+        """A Python program run by the node's own python3 (standard library only, like the boot program)."""
+        pid = self.node_pid(vm_id)
+        return run(["nsenter", "-t", str(pid), "-a", "python3", "-c", program], check=check, timeout=120)
+
+
+def azure_host_leftovers() -> list[str]:
+    """What the Azure twin could leave on the host: namespaces, links, node processes, mounts, state."""
+    left = [f"netns {n}" for n in run(["ip", "netns", "list"]).stdout.split() if "twin-azure" in n]
+    left += [
+        f"link {line.split(':')[1].strip()}"
+        for line in run(["ip", "-o", "link"]).stdout.splitlines()
+        if "cb-twin-azure" in line
+    ]
+    left += [f"node {m}" for m in machines.find_machines(f"cb-{TWIN_NET}-")]
+    left += [
+        f"mount {line.split()[4]}"
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if "/twins/azure" in line.split()[4]
+    ]
+    left += [
+        f"process {pid}"
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and "clusterbake.twins.azure.daemon" in _cmdline(pid)
+    ]
+    state = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) / "twins" / "azure"
+    if state.exists():
+        left.append(f"state {state}")
+    return left
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
