@@ -59,18 +59,31 @@ _GUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-
 _RESOURCE_GROUP = r"^[-\w.()]{0,89}[-\w()]$"
 
 
+def build_vm_field(default: str, pattern: str, noun: str, kind: str):
+    """image.<cloud>'s machine type of the build VM (`noun`: "Instance type"; `kind`: "type")."""
+    return Field(
+        default,
+        pattern=pattern,
+        description=f"{noun} of the build VM; a GPU {kind} (driver, DCGM and NCCL are checked on it) unless "
+        "validate_gpu is false.",
+    )
+
+
+def build_features_field(defaults: tuple[str, ...]):
+    """image.<cloud>.features, by default `defaults`."""
+    return Field(
+        default_factory=lambda: list(defaults),
+        description="Feature groups of the build VM (roles of ansible/image.yml), besides the node groups' features.",
+    )
+
+
 class AwsImageBuild(Strict):
     """image.aws: how `clusterbake image build` bakes the AMI (Packer amazon-ebs)."""
 
     region: str | None = Field(
         None, pattern=r"^[a-z]{2}(-[a-z]+)+-\d+$", description="Region of the build and the AMI; default: aws.region."
     )
-    builder_instance_type: str = Field(
-        "g5.xlarge",
-        pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$",
-        description="Instance type of the build VM; a GPU type (driver, DCGM and NCCL are checked on it) unless "
-        "validate_gpu is false.",
-    )
+    builder_instance_type: str = build_vm_field("g5.xlarge", r"^[a-z0-9-]+\.[a-z0-9-]+$", "Instance type", "type")
     subnet_id: str | None = Field(
         None, pattern=r"^subnet-[0-9a-f]{8,17}$", description="Subnet of the build VM; default: aws.subnet_id."
     )
@@ -80,10 +93,7 @@ class AwsImageBuild(Strict):
     volume_size_gb: int = Field(100, ge=20, le=16384, description="Root volume (and AMI snapshot) size in GiB.")
     volume_encrypted: bool = Field(True, description="Encrypt the root volume, hence the AMI's snapshot.")
     kms_key_id: str = Field("", description="KMS key of the encrypted volume; empty: the account's EBS key.")
-    features: list[str] = Field(
-        default_factory=lambda: list(AWS_IMAGE_FEATURES),
-        description="Feature groups of the build VM (roles of ansible/image.yml), besides the node groups' features.",
-    )
+    features: list[str] = build_features_field(AWS_IMAGE_FEATURES)
     validate_gpu: bool = Field(True, description="Check the GPU stack on the build VM (it has an NVIDIA GPU).")
     validate_efa: bool = Field(False, description="Check EFA on the build VM (an EFA type launched with one).")
 
@@ -105,12 +115,7 @@ class AzureImageBuild(Strict):
         pattern=_RESOURCE_GROUP,
         description="Existing resource group for the build VM; default: Packer creates a temporary one.",
     )
-    vm_size: str = Field(
-        "Standard_NC4as_T4_v3",
-        pattern=r"^(Standard|Basic)_[A-Za-z0-9_]+$",
-        description="VM size of the build VM; a GPU size (driver, DCGM and NCCL are checked on it) unless "
-        "validate_gpu is false.",
-    )
+    vm_size: str = build_vm_field("Standard_NC4as_T4_v3", r"^(Standard|Basic)_[A-Za-z0-9_]+$", "VM size", "size")
     source_image: str | None = Field(
         None,
         pattern=r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$",
@@ -153,10 +158,7 @@ class AzureImageBuild(Strict):
         None, pattern=_GUID, description="Service principal (app id) of auth service_principal."
     )
     tenant_id: str | None = Field(None, pattern=_GUID, description="Tenant of client_id; default: the subscription's.")
-    features: list[str] = Field(
-        default_factory=lambda: list(AZURE_IMAGE_FEATURES),
-        description="Feature groups of the build VM (roles of ansible/image.yml), besides the node groups' features.",
-    )
+    features: list[str] = build_features_field(AZURE_IMAGE_FEATURES)
     validate_gpu: bool = Field(True, description="Check the GPU stack on the build VM (it has an NVIDIA GPU).")
     validate_ib: bool = Field(
         False, description="Require InfiniBand ports up on the build VM (an RDMA size, e.g. Standard_ND96isr_H100_v5)."
@@ -532,6 +534,43 @@ class LocalConfig(Strict):
         return value
 
 
+# --- the fields every cloud section (aws, azure) has ----------------------------------------------
+
+
+def ssh_cidrs_field(outside: str):
+    """CIDRs allowed to SSH in; `outside`: where nothing else enters from."""
+    return Field(
+        default_factory=list,
+        description=f"CIDRs allowed to reach SSH (port 22) on the nodes; nothing else enters from {outside}.",
+    )
+
+
+def login_user_field(default: str, description: str):
+    return Field(default, pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description=description)
+
+
+def bastion_field():
+    return Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+(:\d+)?$",
+        description="SSH jump host user@host[:port] (ProxyJump) when the nodes' private IPs are not reachable.",
+    )
+
+
+def network_interface_field(description: str):
+    return Field("auto", pattern=r"^[a-z][a-z0-9]{1,14}$", description=description)
+
+
+def check_cidrs(values: list[str]) -> list[str]:
+    """ssh_cidrs' validator: each a CIDR block."""
+    for value in values:
+        try:
+            ipaddress.ip_network(value, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"'{value}' is not a CIDR block ({exc})") from None
+    return values
+
+
 class AwsConfig(Strict):
     region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d+$", description="AWS region, e.g. us-east-1.")
     vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]{8,17}$", description="Existing VPC the cluster runs in.")
@@ -539,10 +578,7 @@ class AwsConfig(Strict):
         pattern=r"^subnet-[0-9a-f]{8,17}$",
         description="Existing subnet of that VPC; its Availability Zone is where every node runs.",
     )
-    ssh_cidrs: list[str] = Field(
-        default_factory=list,
-        description="CIDRs allowed to reach SSH (port 22) on the nodes; nothing else enters from outside.",
-    )
+    ssh_cidrs: list[str] = ssh_cidrs_field("outside")
     key_name: str | None = Field(None, description="EC2 key pair also installed for ssh_user (optional).")
     ami_id: str | None = Field(
         None,
@@ -550,14 +586,8 @@ class AwsConfig(Strict):
         description="Node image; default: the AMI of the last `make image PROVIDER=aws` "
         "(<state_dir>/images/aws-latest.json).",
     )
-    bastion: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+(:\d+)?$",
-        description="SSH jump host user@host[:port] (ProxyJump) when the nodes' private IPs are not reachable.",
-    )
-    ssh_user: str = Field(
-        "ubuntu", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="Login user of the AMI (sudo to root)."
-    )
+    bastion: str | None = bastion_field()
+    ssh_user: str = login_user_field("ubuntu", "Login user of the AMI (sudo to root).")
     kms_key_id: str | None = Field(
         None,
         pattern=r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[A-Za-z0-9/_-]+|alias/[A-Za-z0-9/_-]+|"
@@ -565,23 +595,16 @@ class AwsConfig(Strict):
         description="KMS key (id, ARN or alias) that encrypts the join-bundle secrets; default: the AWS managed "
         "key aws/secretsmanager.",
     )
-    network_interface: str = Field(
-        "auto",
-        pattern=r"^[a-z][a-z0-9]{1,14}$",
-        description="Interface NCCL and gloo bootstrap on (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). auto: found on "
+    network_interface: str = network_interface_field(
+        "Interface NCCL and gloo bootstrap on (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). auto: found on "
         "each node (the one with its route to the head; names differ by type and OS: ens5, enp71s0 on p5); "
-        "an interface name overrides it.",
+        "an interface name overrides it."
     )
 
     @field_validator("ssh_cidrs")
     @classmethod
     def _cidrs(cls, values: list[str]) -> list[str]:
-        for value in values:
-            try:
-                ipaddress.ip_network(value, strict=True)
-            except ValueError as exc:
-                raise ValueError(f"'{value}' is not a CIDR block ({exc})") from None
-        return values
+        return check_cidrs(values)
 
 
 GUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -623,15 +646,8 @@ class AzureConfig(Strict):
     vnet_resource_group: str | None = Field(
         None, pattern=RESOURCE_GROUP_PATTERN, description="Resource group of vnet_name; default: resource_group."
     )
-    ssh_cidrs: list[str] = Field(
-        default_factory=list,
-        description="CIDRs allowed to reach SSH (port 22) on the nodes; nothing else enters from outside the cluster.",
-    )
-    admin_user: str = Field(
-        "azureuser",
-        pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
-        description="Login user of the VMs (SSH key only, sudo to root).",
-    )
+    ssh_cidrs: list[str] = ssh_cidrs_field("outside the cluster")
+    admin_user: str = login_user_field("azureuser", "Login user of the VMs (SSH key only, sudo to root).")
     image: str | None = Field(
         None,
         pattern=r"^(/subscriptions/[^\s]+|[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+)$",
@@ -645,15 +661,9 @@ class AzureConfig(Strict):
         description="Key Vault that holds the join bundles (names are global in Azure); default: cb-<cluster>-<hash "
         "of subscription and resource group>.",
     )
-    bastion: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+(:\d+)?$",
-        description="SSH jump host user@host[:port] (ProxyJump) when the nodes' private IPs are not reachable.",
-    )
-    network_interface: str = Field(
-        "auto",
-        pattern=r"^[a-z][a-z0-9]{1,14}$",
-        description="Interface NCCL and gloo bootstrap on; auto: found on each node (eth0 on Azure's images).",
+    bastion: str | None = bastion_field()
+    network_interface: str = network_interface_field(
+        "Interface NCCL and gloo bootstrap on; auto: found on each node (eth0 on Azure's images)."
     )
 
     @model_validator(mode="before")
@@ -666,7 +676,7 @@ class AzureConfig(Strict):
     @field_validator("ssh_cidrs")
     @classmethod
     def _cidrs(cls, values: list[str]) -> list[str]:
-        return AwsConfig._cidrs(values)
+        return check_cidrs(values)
 
     @field_validator("admin_user")
     @classmethod
@@ -770,29 +780,14 @@ class ClusterConfig(Strict):
     def _check_aws(self) -> None:
         if self.aws is None:
             raise ValueError("aws: required with provider aws (region, vpc_id, subnet_id, ssh_cidrs, ...)")
-        if not self.image.base.startswith("ubuntu-"):
-            raise ValueError(
-                f"image.base: AWS images are Ubuntu; remove image.base (default {DEFAULT_IMAGE_BASE['aws']}) "
-                "or set ubuntu-24.04 or ubuntu-22.04"
-            )
-        self._check_slurm_plugins()
-        sections = [("head", self.head)] + [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
-        for field, section in sections:
-            if not section.instance_type:
-                alternative = "" if field == "head" else ", or instance_types: [...] in order of preference"
-                raise ValueError(f"{field}.instance_type: required with provider aws (e.g. m7i.2xlarge){alternative}")
-            if not re.fullmatch(AWS_INSTANCE_TYPE_PATTERN, section.instance_type):
-                raise ValueError(
-                    f"{field}.instance_type: {section.instance_type} is not an EC2 instance type (e.g. m7i.2xlarge)"
-                )
-            if "infiniband" in section.model_fields_set:
-                raise ValueError(f"{field}.infiniband: only for provider azure (on aws: efa); remove it")
-            for key in LOCAL_SIZING_KEYS:
-                if key in section.model_fields_set:
-                    raise ValueError(
-                        f"{field}.{key}: only for provider local; on aws CPUs, sockets and memory come "
-                        f"from the instance type ({section.instance_type}); remove it"
-                    )
+        for _ in self._cloud_sections(
+            "aws",
+            AWS_INSTANCE_TYPE_PATTERN,
+            ("e.g. m7i.2xlarge", ", or instance_types: [...] in order of preference"),
+            ("an EC2 instance type (e.g. m7i.2xlarge)", "instance type"),
+            foreign={"infiniband": "only for provider azure (on aws: efa); remove it"},
+        ):
+            pass  # the checks run as the sections are read; aws has no others
 
     def _check_azure(self) -> None:
         if self.azure is None:
@@ -810,29 +805,12 @@ class ClusterConfig(Strict):
             raise ValueError(
                 f"azure.{missing}: required (the existing subnet: subnet_id, or vnet_name and subnet_name)"
             )
-        if not self.image.base.startswith("ubuntu-"):
-            raise ValueError(
-                f"image.base: Azure images are Ubuntu; remove image.base (default {DEFAULT_IMAGE_BASE['azure']}) "
-                "or set ubuntu-24.04 or ubuntu-22.04"
-            )
-        self._check_slurm_plugins()
-        sections = [("head", self.head)] + [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
-        for field, section in sections:
-            if not section.instance_type:
-                raise ValueError(
-                    f"{field}.instance_type: required with provider azure (a VM size, e.g. Standard_D4s_v5)"
-                )
-            if not re.fullmatch(AZURE_VM_SIZE_PATTERN, section.instance_type):
-                raise ValueError(
-                    f"{field}.instance_type: {section.instance_type} is not an Azure VM size "
-                    "(Standard_<name>, e.g. Standard_ND96isr_H100_v5)"
-                )
-            for key in LOCAL_SIZING_KEYS:
-                if key in section.model_fields_set:
-                    raise ValueError(
-                        f"{field}.{key}: only for provider local; on azure CPUs, sockets and memory come "
-                        f"from the VM size ({section.instance_type}); remove it"
-                    )
+        for field, section in self._cloud_sections(
+            "azure",
+            AZURE_VM_SIZE_PATTERN,
+            ("a VM size, e.g. Standard_D4s_v5", ""),
+            ("an Azure VM size (Standard_<name>, e.g. Standard_ND96isr_H100_v5)", "VM size"),
+        ):
             if not isinstance(section, NodeGroup):
                 continue
             for key, what in (
@@ -844,6 +822,49 @@ class ClusterConfig(Strict):
                     raise ValueError(f"{field}.{key}: {what}; remove it")
             if section.elastic:
                 raise ValueError(f"{field}.max_count: elastic node groups are not supported on azure yet; use count: N")
+
+    def _cloud_sections(
+        self,
+        provider: str,
+        pattern: str,
+        required: tuple[str, str],
+        kind: tuple[str, str],
+        foreign: dict[str, str] | None = None,
+    ):
+        """The checks every cloud provider makes: an Ubuntu image.base, the Slurm plugins, and each
+        section's (head, node_groups.N) instance_type (`pattern`) and no local sizing keys; yields
+        (field, section) after each section's checks, for the provider's own.
+
+        required: the hint when instance_type is missing, and what node groups may give instead;
+        kind: what instance_type must be (for the message), and what the sizes come from;
+        foreign: keys of other providers, refused with their message (before the sizing keys).
+        """
+        if not self.image.base.startswith("ubuntu-"):
+            label = {"aws": "AWS", "azure": "Azure"}[provider]
+            raise ValueError(
+                f"image.base: {label} images are Ubuntu; remove image.base "
+                f"(default {DEFAULT_IMAGE_BASE[provider]}) or set ubuntu-24.04 or ubuntu-22.04"
+            )
+        self._check_slurm_plugins()
+        hint, alternative = required
+        what, source = kind
+        sections = [("head", self.head)] + [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
+        for field, section in sections:
+            if not section.instance_type:
+                instead = "" if field == "head" else alternative
+                raise ValueError(f"{field}.instance_type: required with provider {provider} ({hint}){instead}")
+            if not re.fullmatch(pattern, section.instance_type):
+                raise ValueError(f"{field}.instance_type: {section.instance_type} is not {what}")
+            for key, message in (foreign or {}).items():
+                if key in section.model_fields_set:
+                    raise ValueError(f"{field}.{key}: {message}")
+            for key in LOCAL_SIZING_KEYS:
+                if key in section.model_fields_set:
+                    raise ValueError(
+                        f"{field}.{key}: only for provider local; on {provider} CPUs, sockets and memory come "
+                        f"from the {source} ({section.instance_type}); remove it"
+                    )
+            yield field, section
 
     def _check_slurm_plugins(self) -> None:
         """No cgroup plugin where the image's Slurm cannot run one (SLURM_WITHOUT_CGROUP_V2)."""

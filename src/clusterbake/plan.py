@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
 
 from clusterbake.config import ClusterConfig, NodeGroup
 from clusterbake.errors import ConfigError
@@ -53,8 +52,11 @@ class NodeSpec:
     elastic: bool = False  # powered up for jobs, powered down when idle (Slurm State=CLOUD)
 
 
-class InstanceShape(Protocol):
-    """What the plan needs of a cloud instance type (providers.aws.catalogue.InstanceTypeInfo is one)."""
+@dataclass(frozen=True)
+class InstanceShape:
+    """What the plan needs of a cloud instance type: its name, CPUs, memory and GPUs (model, count),
+    and, from each catalogue's subclass (providers.aws.catalogue.InstanceTypeInfo,
+    providers.azure.catalogue.SkuInfo), `efa_supported: bool` and `nvswitch: bool`."""
 
     name: str
     vcpus: int
@@ -62,8 +64,6 @@ class InstanceShape(Protocol):
     threads_per_core: int
     memory_mib: int
     gpus: tuple[tuple[str, int], ...]
-    efa_supported: bool
-    nvswitch: bool
 
 
 def instance_slurm_spec(shape: InstanceShape, gres: list[str] | None = None, features: Iterable[str] = ()):

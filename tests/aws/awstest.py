@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
 import yaml
+from clitest import run_cli, run_inventory
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CB = [str(REPO / ".venv" / "bin" / "clusterbake")]
 REGION = "us-east-1"
 ZONE = "us-east-1a"
 
@@ -62,22 +61,7 @@ def example_config(network: Network, **changes) -> dict:
 
 def run_cb(moto: Moto, state_dir: Path, config: dict | Path, *args: str, check: bool = True, timeout: int = 120):
     """The real CLI as a subprocess against the moto server."""
-    if isinstance(config, dict):
-        path = state_dir / f"{config['cluster_name']}.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(config))
-    else:
-        path = config
-    env = {**moto.env, "CLUSTERBAKE_STATE_DIR": str(state_dir)}
-    result = subprocess.run(
-        [*CB, "-c", str(path), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"clusterbake {' '.join(args)} exited {result.returncode}\n--- stdout\n{result.stdout[-4000:]}"
-            f"\n--- stderr\n{result.stderr[-6000:]}"
-        )
-    return result
+    return run_cli(moto.env, state_dir, config, *args, check=check, timeout=timeout)
 
 
 def provisioned(moto: Moto, state_dir: Path, ami_id: str, config: dict):
@@ -98,15 +82,7 @@ def provisioned(moto: Moto, state_dir: Path, ami_id: str, config: dict):
 
 
 def inventory(moto: Moto, state_dir: Path, config_path: Path, **env: str) -> dict:
-    result = subprocess.run(
-        [str(REPO / "inventories" / "aws_ec2.py"), "--list"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**moto.env, "CLUSTERBAKE_STATE_DIR": str(state_dir), "CLUSTERBAKE_CONFIG": str(config_path), **env},
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return run_inventory("aws_ec2.py", moto.env, state_dir, config_path, **env)
 
 
 def live_instances(ec2, cluster: str) -> list[dict]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from awstest import HERE, REGION, ZONE, Moto, Network
+from clitest import stop_server
 
 
 def _free_port() -> int:
@@ -65,12 +66,7 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
                     time.sleep(0.1)
             yield Moto(url, capacity_file, env)
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop_server(server)
 
 
 def make_network(ec2) -> Network:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import base64
 import email
-import importlib.machinery
-import importlib.util
 import ipaddress
 import json
 
+import programs
 import pytest
 import yaml
 from awstest import REGION, REPO, example_config, inventory, live_instances, provisioned, run_cb, tag_map
@@ -32,11 +31,7 @@ PLAN = ["head", "cpu-1", "burst-1", "burst-2", "burst-3"]
 
 def load_program():
     """roles/slurm_power/files/clusterbake-power as a module (it has no .py suffix)."""
-    loader = importlib.machinery.SourceFileLoader("clusterbake_power", str(PROGRAM))
-    spec = importlib.util.spec_from_loader("clusterbake_power", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return programs.load_program("clusterbake_power", PROGRAM)
 
 
 def _config(network, max_count=3):

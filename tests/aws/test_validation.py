@@ -8,12 +8,9 @@ runs (a subprocess costs about a second, most of it imports).
 from __future__ import annotations
 
 import pytest
-import yaml
-from awstest import REGION, ZONE, example_config, run_cb
+from awstest import REGION, ZONE, example_config
+from clitest import assert_up_refused
 
-from clusterbake import cluster
-from clusterbake.config import load_config
-from clusterbake.errors import ClusterbakeError
 from clusterbake.images.store import write_aws_record
 from clusterbake.state import StateDir
 
@@ -109,21 +106,9 @@ def test_config_error_names_the_field_and_creates_nothing(moto, network, tmp_pat
     config["aws"] |= aws
     config |= changes
     expected = expected.format(zone=ZONE, subnet=network.subnet_id, region=REGION, other=network.other_subnet_id)
-    if case in SUBPROCESS:
-        result = run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only", check=False)
-        assert result.returncode == status, result.stderr
-        assert expected in result.stderr
-        assert "Traceback" not in result.stderr
-    else:
-        for key, value in moto.env.items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("CLUSTERBAKE_STATE_DIR", str(tmp_path))
-        path = tmp_path / "cluster.yaml"
-        path.write_text(yaml.safe_dump(config))
-        with pytest.raises(ClusterbakeError) as info:
-            cluster.up(load_config(path), path, provision_only=True)
-        assert info.value.exit_code == status
-        assert expected in str(info.value)
+    assert_up_refused(
+        moto.env, tmp_path, config, status, expected, monkeypatch, in_subprocess=case in SUBPROCESS, timeout=120
+    )
     ec2 = moto.ec2()
     tagged = [{"Name": "tag:clusterbake:cluster", "Values": [name]}]
     assert ec2.describe_security_groups(Filters=tagged)["SecurityGroups"] == []

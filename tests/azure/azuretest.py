@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from clitest import run_cli, run_inventory, stop_server
+from sdkenv import Environ
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -103,25 +105,7 @@ class Twin:
 
     def sdk_env(self):
         """Context: this process's environment pointed at the twin (for in-process SDK calls)."""
-        return _Environ(self.env)
-
-
-class _Environ:
-    def __init__(self, env: dict[str, str]):
-        self.env, self.saved = env, {}
-
-    def __enter__(self):
-        for key, value in self.env.items():
-            self.saved[key] = os.environ.get(key)
-            os.environ[key] = value
-        return self
-
-    def __exit__(self, *exc):
-        for key, value in self.saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        return Environ(self.env)
 
 
 def example_config(twin: Twin, **changes) -> dict:
@@ -140,38 +124,13 @@ def example_config(twin: Twin, **changes) -> dict:
     return config
 
 
-def write_config(state_dir: Path, config: dict) -> Path:
-    path = state_dir / f"{config['cluster_name']}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def run_cb(twin: Twin, state_dir: Path, config: dict | Path, *args: str, check: bool = True, timeout: int = 180):
     """The real CLI as a subprocess against the twin."""
-    path = write_config(state_dir, config) if isinstance(config, dict) else config
-    env = {**twin.env, "CLUSTERBAKE_STATE_DIR": str(state_dir)}
-    result = subprocess.run(
-        [*CB, "-c", str(path), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"clusterbake {' '.join(args)} exited {result.returncode}\n--- stdout\n{result.stdout[-4000:]}"
-            f"\n--- stderr\n{result.stderr[-6000:]}"
-        )
-    return result
+    return run_cli(twin.env, state_dir, config, *args, check=check, timeout=timeout)
 
 
 def inventory(twin: Twin, state_dir: Path, config_path: Path, **env: str) -> dict:
-    result = subprocess.run(
-        [str(REPO / "inventories" / "azure_rm.py"), "--list"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**twin.env, "CLUSTERBAKE_STATE_DIR": str(state_dir), "CLUSTERBAKE_CONFIG": str(config_path), **env},
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return run_inventory("azure_rm.py", twin.env, state_dir, config_path, **env)
 
 
 def of_type(resources: list[dict], kind: str) -> list[dict]:
@@ -227,9 +186,4 @@ def arm_twin(root: Path, page_size: int = PAGE_SIZE) -> Iterator[Twin]:
             }
             yield Twin(endpoints["arm"], directory, endpoints, env)
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop_server(server)

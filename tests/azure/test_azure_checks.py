@@ -7,12 +7,8 @@ Three cases run the CLI as a subprocess (message on stderr, exit status); the ot
 from __future__ import annotations
 
 import pytest
-import yaml
 from azuretest import LOCATION, NET_GROUP, example_config, needs_sdk, run_cb
-
-from clusterbake import cluster
-from clusterbake.config import load_config
-from clusterbake.errors import ClusterbakeError
+from clitest import assert_up_refused
 
 pytestmark = needs_sdk
 SUBPROCESS = {"size-not-in-zone", "infiniband-on-non-rdma", "quota"}
@@ -120,21 +116,9 @@ def test_check_names_the_field_and_creates_nothing(twin, tmp_path, monkeypatch, 
     config = example_config(twin, cluster_name=name, partitions=[], **changes)
     config["azure"] |= {"resource_group": f"{name}-rg", **azure}
     config["azure"] = {k: v for k, v in config["azure"].items() if v is not None}
-    if case in SUBPROCESS:
-        result = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only", check=False)
-        assert result.returncode == 2, result.stderr
-        assert expected in result.stderr
-        assert "Traceback" not in result.stderr
-    else:
-        for key, value in twin.env.items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("CLUSTERBAKE_STATE_DIR", str(tmp_path))
-        path = tmp_path / "cluster.yaml"
-        path.write_text(yaml.safe_dump(config))
-        with pytest.raises(ClusterbakeError) as info:
-            cluster.up(load_config(path), path, provision_only=True)
-        assert info.value.exit_code == 2, str(info.value)
-        assert expected in str(info.value)
+    assert_up_refused(
+        twin.env, tmp_path, config, 2, expected, monkeypatch, in_subprocess=case in SUBPROCESS, timeout=180
+    )
     state = twin.state()
     assert f"{name}-rg" not in state["groups"], "a resource group was created before the checks passed"
     assert twin.resources_of(name) == []

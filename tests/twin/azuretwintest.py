@@ -8,7 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from twintest import CB, run
+from sdkenv import Environ
+from twintest import CB, node_init_pid, run, twin_environment
 
 from clusterbake.nspawn import machines
 
@@ -17,33 +18,7 @@ TWIN_NET = "twin-azure"
 
 def azure_twin_environment() -> dict[str, str]:
     """`clusterbake twin up azure`'s export lines, applied to a copy of this environment."""
-    result = run([*CB, "twin", "up", "azure"], timeout=2400)
-    env = dict(os.environ)
-    for line in result.stdout.splitlines():
-        assert line.startswith("export "), f"unexpected output of twin up: {line!r}"
-        key, _, value = line[len("export ") :].partition("=")
-        env[key] = value
-    return env
-
-
-class Environ:
-    """Context: this process's environment pointed at the twin (the SDK reads it when a client is made)."""
-
-    def __init__(self, env: dict[str, str]):
-        self.env, self.saved = env, {}
-
-    def __enter__(self):
-        for key, value in self.env.items():
-            self.saved[key] = os.environ.get(key)
-            os.environ[key] = value
-        return self
-
-    def __exit__(self, *exc):
-        for key, value in self.saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return twin_environment("azure")
 
 
 class AzureTwin:
@@ -88,10 +63,7 @@ class AzureTwin:
 
     def node_pid(self, vm_id: str) -> int:
         """PID 1 of the VM's node (the child of its nspawn process)."""
-        machine = f"cb-{TWIN_NET}-{vm_id}"
-        nspawn = machines.find_machines(machine).get(machine)
-        assert nspawn, f"no node runs for VM {vm_id}"
-        return int(Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()[0])
+        return node_init_pid(f"cb-{TWIN_NET}-{vm_id}", f"VM {vm_id}")
 
     def inside(self, vm_id: str, command: str, check=True, timeout=120) -> subprocess.CompletedProcess:
         """A command in the node's namespaces, without SSH (what a console would show)."""

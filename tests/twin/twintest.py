@@ -76,12 +76,7 @@ class Twin:
 
     def node_pid(self, instance_id: str) -> int:
         """PID 1 of the instance's node (the child of its nspawn process)."""
-        from clusterbake.nspawn import machines
-
-        nspawn = machines.find_machines(f"cb-twin-aws-{instance_id}").get(f"cb-twin-aws-{instance_id}")
-        assert nspawn, f"no node runs for {instance_id}"
-        children = Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()
-        return int(children[0])
+        return node_init_pid(f"cb-twin-aws-{instance_id}", instance_id)
 
     def inside(self, instance_id: str, command: str, check=True) -> subprocess.CompletedProcess:
         """A command in the node's namespaces, without SSH (what a console would show)."""
@@ -128,8 +123,24 @@ class Twin:
         )
 
 
-def twin_environment() -> dict[str, str]:
-    result = run([*CB, "twin", "up", "aws"], timeout=2400)
+def node_init_pid(machine: str, what: str) -> int:
+    """PID 1 of the node `machine` (the child of its nspawn process): an AssertionError naming
+    `what` while there is none (not started, or nspawn has not forked the node's init yet)."""
+    from clusterbake.nspawn import machines
+
+    nspawn = machines.find_machines(machine).get(machine)
+    assert nspawn, f"no node runs for {what}"
+    try:
+        children = Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()
+    except OSError:
+        children = []
+    assert children, f"the node of {what} has no init process (yet)"
+    return int(children[0])
+
+
+def twin_environment(cloud: str = "aws") -> dict[str, str]:
+    """`clusterbake twin up <cloud>`'s export lines, applied to a copy of this environment."""
+    result = run([*CB, "twin", "up", cloud], timeout=2400)
     env = dict(os.environ)
     for line in result.stdout.splitlines():
         assert line.startswith("export "), f"unexpected output of twin up: {line!r}"

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from imagetest import packer_run
 
 from clusterbake.config import DEFAULT_IMAGE_BASE, ClusterConfig
 from clusterbake.errors import ClusterbakeError
@@ -43,14 +44,7 @@ def aws_config(image: dict | None = None, features=("cuda", "efa", "train-data")
 
 
 def run(tmp_path, name="clusterbake-ubuntu-24.04-x") -> PackerRun:
-    return PackerRun(
-        name=name,
-        image_vars_file=tmp_path / "v.yml",
-        artifacts_dir=tmp_path / "a",
-        revision="abc",
-        versions_digest="d" * 64,
-        repo_root=REPO,
-    )
+    return packer_run(tmp_path, name, "abc")
 
 
 # --- the manifest post-processor's JSON ---------------------------------------------

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from imagetest import SUBSCRIPTION, azure_section, packer_run
 
 from clusterbake.config import AZURE_SOURCE_IMAGES, ClusterConfig
 from clusterbake.errors import ClusterbakeError, ConfigError
@@ -23,7 +24,6 @@ from clusterbake.state import StateDir
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "unit" / "data" / "packer-manifest-azure.json"
-SUBSCRIPTION = "11111111-2222-3333-4444-555555555555"
 CLIENT = "99999999-8888-7777-6666-555555555555"
 SUBNET = (
     f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net-rg/providers/Microsoft.Network/"
@@ -37,13 +37,7 @@ def azure_config(image: dict | None = None, features=("ib-fabric",)) -> ClusterC
             "cluster_name": "demo",
             "provider": "azure",
             "image": image or {},
-            "azure": {
-                "subscription_id": SUBSCRIPTION,
-                "location": "eastus",
-                "resource_group": "demo-rg",
-                "vnet_name": "vnet",
-                "subnet_name": "nodes",
-            },
+            "azure": azure_section(),
             "head": {"instance_type": "Standard_D4s_v5"},
             "node_groups": [
                 {"name": "gpu", "count": 2, "instance_type": "Standard_ND96isr_H100_v5", "features": list(features)}
@@ -53,14 +47,7 @@ def azure_config(image: dict | None = None, features=("ib-fabric",)) -> ClusterC
 
 
 def run(tmp_path, name="clusterbake-ubuntu-24.04-20261201-093015-abcdef0123") -> PackerRun:
-    return PackerRun(
-        name=name,
-        image_vars_file=tmp_path / "v.yml",
-        artifacts_dir=tmp_path / "a",
-        revision="abcdef0123",
-        versions_digest="d" * 64,
-        repo_root=REPO,
-    )
+    return packer_run(tmp_path, name, "abcdef0123")
 
 
 def declared_variables() -> set[str]:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from imagetest import azure_section
 
 from clusterbake import cli
 from clusterbake.config import ClusterConfig
@@ -21,7 +22,6 @@ from clusterbake.state import StateDir
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = {"local": "local.pkr.hcl", "aws": "aws.pkr.hcl", "azure": "azure.pkr.hcl"}
-SUBSCRIPTION = "11111111-2222-3333-4444-555555555555"
 
 CONFIGS = {
     "local": {"cluster_name": "demo", "node_groups": [{"name": "cpu", "count": 1, "features": ["train"]}]},
@@ -35,13 +35,7 @@ CONFIGS = {
     "azure": {
         "cluster_name": "demo",
         "provider": "azure",
-        "azure": {
-            "subscription_id": SUBSCRIPTION,
-            "location": "eastus",
-            "resource_group": "demo-rg",
-            "vnet_name": "vnet",
-            "subnet_name": "nodes",
-        },
+        "azure": azure_section(),
         "head": {"instance_type": "Standard_D4s_v5"},
         "node_groups": [{"name": "gpu", "count": 1, "instance_type": "Standard_ND96isr_H100_v5"}],
     },

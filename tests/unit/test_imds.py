@@ -7,14 +7,13 @@ cloud-init, clusterbake-node-boot) relies on.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import programs
 import pytest
 
 from clusterbake.twins.aws.imds import MetadataServer, listen
@@ -151,10 +150,7 @@ def test_no_user_data_is_a_404(imds):
 def test_the_boot_program_reads_user_data_through_imdsv2(imds):
     """clusterbake-node-boot (role cloud_boot) against this server: token first, then every request with it."""
     path = REPO / "roles" / "cloud_boot" / "files" / "clusterbake-node-boot"
-    loader = importlib.machinery.SourceFileLoader("clusterbake_node_boot", str(path))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    boot = importlib.util.module_from_spec(spec)
-    loader.exec_module(boot)
+    boot = programs.load_program("clusterbake_node_boot", path)
     metadata = boot.Metadata(imds["url"])
     assert metadata.get("meta-data/instance-id") == b"i-0123456789abcdef0"
     assert metadata.get("meta-data/nothing") is None

@@ -24,8 +24,6 @@ propagation times) is not shown here; see roles/cloud_boot/README.md.
 from __future__ import annotations
 
 import base64
-import importlib.machinery
-import importlib.util
 import json
 import secrets
 import subprocess
@@ -37,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import programs
 import pytest
 import yaml
 from playbook_run import ANSIBLE_PLAYBOOK, playbook_env
@@ -54,11 +53,7 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemo controller"
 
 
 def load_program():
-    loader = importlib.machinery.SourceFileLoader("clusterbake_node_boot_azure", str(PROGRAM))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return programs.load_program("clusterbake_node_boot_azure", PROGRAM)
 
 
 class StandIn(ThreadingHTTPServer):

@@ -2,8 +2,6 @@
 
 import base64
 import grp
-import importlib.machinery
-import importlib.util
 import json
 import os
 import pwd
@@ -11,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import programs
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,11 +140,7 @@ def test_mounts_are_written_before_the_users_and_files(root, tmp_path):
 
 
 def _load_program():
-    loader = importlib.machinery.SourceFileLoader("clusterbake_node_join", str(PROGRAM))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return programs.load_program("clusterbake_node_join", PROGRAM)
 
 
 program = _load_program()

@@ -25,10 +25,8 @@ from pathlib import Path
 from clusterbake.config import AWS_IMAGE_FEATURES, ClusterConfig, extra_ca_files
 from clusterbake.errors import ClusterbakeError
 from clusterbake.images import cloud
-from clusterbake.images.base import PackerRun, ansible_playbook_command
-from clusterbake.images.inputs import builder_groups_for, node_group_features, settings_digest
-from clusterbake.images.store import ImageRecord
-from clusterbake.paths import repo_root
+from clusterbake.images.base import PackerRun
+from clusterbake.images.inputs import builder_groups_for, node_group_features
 from clusterbake.state import StateDir
 
 SOURCE = "amazon-ebs.ubuntu"
@@ -81,13 +79,7 @@ def aws_packer_variables(settings: Mapping, run: PackerRun) -> dict[str, str]:
         "aws_ansible_groups": json.dumps(builder_groups_for(s["features"])),
         "validate_gpu": json.dumps(bool(s["validate_gpu"])),
         "validate_efa": json.dumps(bool(s["validate_efa"])),
-        "image_name": run.name,
-        "git_revision": run.revision,
-        "versions_digest": run.versions_digest,
-        "artifacts_dir": str(run.artifacts_dir or ""),
-        "image_vars_file": str(run.image_vars_file),
-        "ansible_playbook_command": ansible_playbook_command(),
-        "repo_root": str(run.repo_root or repo_root()),
+        **cloud.run_variables(run),
     }
 
 
@@ -104,17 +96,7 @@ def parse_packer_manifest(path: Path, run_uuid: str | None = None) -> dict:
         amis[region] = ami
     custom = build.get("custom_data") or {}
     region = custom.get("region") if custom.get("region") in amis else next(iter(amis))
-    return {
-        "ami_id": amis[region],
-        "region": region,
-        "amis": amis,
-        "name": custom.get("image_name", ""),
-        "git_revision": custom.get("git_revision", ""),
-        "manifest_digest": custom.get("versions_digest", ""),
-        "base": custom.get("aws_base", ""),
-        "build_time": build.get("build_time"),
-        "packer_run_uuid": build.get("packer_run_uuid"),
-    }
+    return {"ami_id": amis[region], "region": region, "amis": amis, **cloud.manifest_fields(build, "aws_base")}
 
 
 def image_record(manifest: Mapping, versions: Mapping | None, inputs_digest: str = "") -> dict:
@@ -122,20 +104,13 @@ def image_record(manifest: Mapping, versions: Mapping | None, inputs_digest: str
     record = {
         "ami_id": manifest["ami_id"],
         "region": manifest["region"],
-        "name": manifest["name"],
-        "git_revision": manifest["git_revision"],
-        "manifest_digest": manifest["manifest_digest"],
-        "versions": dict(versions or {}),
-        "base": manifest.get("base", ""),
-        "amis": dict(manifest.get("amis", {})),
-        "inputs_digest": inputs_digest,
-        "built": cloud.built_at(manifest.get("build_time")),
+        **cloud.record_fields(manifest, versions, inputs_digest, {"amis": dict(manifest.get("amis", {}))}),
     }
     cloud.check_versions(f"AMI {record['ami_id']}", record)
     return record
 
 
-class AwsBuilder:
+class AwsBuilder(cloud.PackerCloudBuilder):
     """The AWS GPU image (AMI), Packer amazon-ebs."""
 
     name = "aws"
@@ -143,44 +118,17 @@ class AwsBuilder:
     template = TEMPLATE
     plugin_settings = PLUGIN_SETTINGS
     location_key = "region"
+    image_id_key = "ami_id"
     label = "AWS image"
     why_new_packer = "its SSH client cannot log in to Ubuntu 22.04+ and it cannot require IMDSv2"
-
-    def settings(self, config: ClusterConfig) -> dict:
-        return aws_settings(config)
+    # packer_env: none, the usual AWS credential chain of the process running clusterbake
+    settings = staticmethod(aws_settings)
+    variables = staticmethod(aws_packer_variables)
+    parse_packer_manifest = staticmethod(parse_packer_manifest)
+    image_record = staticmethod(image_record)
 
     def describe(self, settings: Mapping) -> str:
         return f"{settings['builder_instance_type']} in {settings['region']}"
-
-    def inputs_digest(self, config: ClusterConfig) -> str:
-        return settings_digest(aws_settings(config))
-
-    def packer_vars(self, config: ClusterConfig, run: PackerRun) -> dict[str, str]:
-        return aws_packer_variables(aws_settings(config), run)
-
-    def packer_env(self, config: ClusterConfig) -> dict[str, str]:
-        return {}  # the usual AWS credential chain of the process running clusterbake
-
-    def parse_packer_manifest(self, path: Path) -> dict:
-        return parse_packer_manifest(path)
-
-    def image_record(self, manifest: Mapping, versions: Mapping | None, inputs_digest: str = "") -> dict:
-        return image_record(manifest, versions, inputs_digest)
-
-    def to_image_record(self, record: Mapping, reused: bool = False) -> ImageRecord:
-        return ImageRecord(
-            provider="aws",
-            image_id=record["ami_id"],
-            name=record.get("name", ""),
-            inputs_digest=record.get("inputs_digest", ""),
-            location=record["region"],
-            data=dict(record),
-            reused=reused,
-        )
-
-    def build(self, config: ClusterConfig, state: StateDir, *, force: bool = False) -> ImageRecord:
-        record, reused = cloud.build_cloud_image(self, config, state, force=force)
-        return self.to_image_record(record, reused=reused)
 
 
 def build_aws_image(config: ClusterConfig, state: StateDir, *, force: bool = False) -> dict:

@@ -30,10 +30,9 @@ from pathlib import Path
 from clusterbake.config import AZURE_SOURCE_IMAGES, ClusterConfig, extra_ca_files
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.images import cloud
-from clusterbake.images.base import PackerRun, ansible_playbook_command
-from clusterbake.images.inputs import builder_groups_for, node_group_features, settings_digest
-from clusterbake.images.store import AZURE_IMAGE_PATTERN, ImageRecord
-from clusterbake.paths import repo_root
+from clusterbake.images.base import PackerRun
+from clusterbake.images.inputs import builder_groups_for, node_group_features
+from clusterbake.images.store import AZURE_IMAGE_PATTERN
 from clusterbake.state import StateDir
 
 SOURCE = "azure-arm.ubuntu"
@@ -132,13 +131,7 @@ def azure_packer_variables(settings: Mapping, run: PackerRun) -> dict[str, str]:
         "azure_ansible_groups": json.dumps(builder_groups_for(s["features"])),
         "validate_gpu": json.dumps(bool(s["validate_gpu"])),
         "validate_ib": json.dumps(bool(s["validate_ib"])),
-        "image_name": run.name,
-        "git_revision": run.revision,
-        "versions_digest": run.versions_digest,
-        "artifacts_dir": str(run.artifacts_dir or ""),
-        "image_vars_file": str(run.image_vars_file),
-        "ansible_playbook_command": ansible_playbook_command(),
-        "repo_root": str(run.repo_root or repo_root()),
+        **cloud.run_variables(run),
     }
 
 
@@ -186,12 +179,7 @@ def parse_packer_manifest(path: Path, run_uuid: str | None = None) -> dict:
         "location": custom.get("location", ""),
         "replication_regions": regions if gallery_id else [],
         "resource_group": managed["group"],
-        "name": custom.get("image_name", managed["name"]),
-        "git_revision": custom.get("git_revision", ""),
-        "manifest_digest": custom.get("versions_digest", ""),
-        "base": custom.get("azure_base", ""),
-        "build_time": build.get("build_time"),
-        "packer_run_uuid": build.get("packer_run_uuid"),
+        **cloud.manifest_fields(build, "azure_base", managed["name"]),
     }
 
 
@@ -204,19 +192,13 @@ def image_record(manifest: Mapping, versions: Mapping | None, inputs_digest: str
         "gallery_image_version_id": manifest["gallery_image_version_id"],
         "replication_regions": list(manifest.get("replication_regions", [])),
         "resource_group": manifest.get("resource_group", ""),
-        "name": manifest["name"],
-        "git_revision": manifest["git_revision"],
-        "manifest_digest": manifest["manifest_digest"],
-        "versions": dict(versions or {}),
-        "base": manifest.get("base", ""),
-        "inputs_digest": inputs_digest,
-        "built": cloud.built_at(manifest.get("build_time")),
+        **cloud.record_fields(manifest, versions, inputs_digest, {}),
     }
     cloud.check_versions(f"image {record['name']}", record)
     return record
 
 
-class AzureBuilder:
+class AzureBuilder(cloud.PackerCloudBuilder):
     """The Azure GPU image (managed image, optionally a gallery image version), Packer azure-arm."""
 
     name = "azure"
@@ -224,44 +206,19 @@ class AzureBuilder:
     template = TEMPLATE
     plugin_settings = None
     location_key = "location"
+    image_id_key = "image"
     label = "Azure image"
     why_new_packer = "its SSH client signs with SHA-1, which Ubuntu 22.04+ refuses"
-
-    def settings(self, config: ClusterConfig) -> dict:
-        return azure_settings(config)
+    settings = staticmethod(azure_settings)
+    variables = staticmethod(azure_packer_variables)
+    parse_packer_manifest = staticmethod(parse_packer_manifest)
+    image_record = staticmethod(image_record)
 
     def describe(self, settings: Mapping) -> str:
         return f"{settings['vm_size']} in {settings['location']}"
 
-    def inputs_digest(self, config: ClusterConfig) -> str:
-        return settings_digest(azure_settings(config))
-
-    def packer_vars(self, config: ClusterConfig, run: PackerRun) -> dict[str, str]:
-        return azure_packer_variables(azure_settings(config), run)
-
     def packer_env(self, config: ClusterConfig) -> dict[str, str]:
         return azure_packer_env(azure_settings(config))
-
-    def parse_packer_manifest(self, path: Path) -> dict:
-        return parse_packer_manifest(path)
-
-    def image_record(self, manifest: Mapping, versions: Mapping | None, inputs_digest: str = "") -> dict:
-        return image_record(manifest, versions, inputs_digest)
-
-    def to_image_record(self, record: Mapping, reused: bool = False) -> ImageRecord:
-        return ImageRecord(
-            provider="azure",
-            image_id=record["image"],
-            name=record.get("name", ""),
-            inputs_digest=record.get("inputs_digest", ""),
-            location=record["location"],
-            data=dict(record),
-            reused=reused,
-        )
-
-    def build(self, config: ClusterConfig, state: StateDir, *, force: bool = False) -> ImageRecord:
-        record, reused = cloud.build_cloud_image(self, config, state, force=force)
-        return self.to_image_record(record, reused=reused)
 
 
 def build_azure_image(config: ClusterConfig, state: StateDir, *, force: bool = False) -> dict:

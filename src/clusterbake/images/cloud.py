@@ -21,7 +21,7 @@ import yaml
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ClusterbakeError, MissingImageError
 from clusterbake.images import packer
-from clusterbake.images.base import PackerRun
+from clusterbake.images.base import PackerRun, ansible_playbook_command
 from clusterbake.images.inputs import settings_digest, versions_digest
 from clusterbake.images.store import ImageRecord, ImageStore
 from clusterbake.paths import git_revision, repo_root
@@ -46,6 +46,92 @@ class CloudBuilder(Protocol):
     def parse_packer_manifest(self, path: Path) -> dict: ...
     def image_record(self, manifest: Mapping, versions: Mapping | None, inputs_digest: str = "") -> dict: ...
     def to_image_record(self, record: Mapping, reused: bool = False) -> ImageRecord: ...
+
+
+class PackerCloudBuilder:
+    """What a cloud builder (aws.py, azure.py) shares; a subclass gives its class attributes
+    (CloudBuilder's, and `image_id_key`: the record's key of the image id) and its settings,
+    variables, manifest parser and record functions."""
+
+    name: str
+    source: str
+    template: str
+    plugin_settings: str | None = None
+    location_key: str
+    label: str
+    why_new_packer: str
+    image_id_key: str
+
+    def settings(self, config: ClusterConfig) -> dict:
+        raise NotImplementedError
+
+    def variables(self, settings: Mapping, run: PackerRun) -> dict[str, str]:
+        raise NotImplementedError
+
+    def inputs_digest(self, config: ClusterConfig) -> str:
+        return settings_digest(self.settings(config))
+
+    def packer_vars(self, config: ClusterConfig, run: PackerRun) -> dict[str, str]:
+        return self.variables(self.settings(config), run)
+
+    def packer_env(self, config: ClusterConfig) -> dict[str, str]:
+        return {}
+
+    def to_image_record(self, record: Mapping, reused: bool = False) -> ImageRecord:
+        return ImageRecord(
+            provider=self.name,
+            image_id=record[self.image_id_key],
+            name=record.get("name", ""),
+            inputs_digest=record.get("inputs_digest", ""),
+            location=record[self.location_key],
+            data=dict(record),
+            reused=reused,
+        )
+
+    def build(self, config: ClusterConfig, state: StateDir, *, force: bool = False) -> ImageRecord:
+        record, reused = build_cloud_image(self, config, state, force=force)
+        return self.to_image_record(record, reused=reused)
+
+
+def run_variables(run: PackerRun) -> dict[str, str]:
+    """The -var values every cloud template takes from the run (name, revision, files, Ansible)."""
+    return {
+        "image_name": run.name,
+        "git_revision": run.revision,
+        "versions_digest": run.versions_digest,
+        "artifacts_dir": str(run.artifacts_dir or ""),
+        "image_vars_file": str(run.image_vars_file),
+        "ansible_playbook_command": ansible_playbook_command(),
+        "repo_root": str(run.repo_root or repo_root()),
+    }
+
+
+def manifest_fields(build: Mapping, base_key: str, default_name: str = "") -> dict:
+    """What every cloud build's manifest entry says about the image (its custom_data and times);
+    `base_key`: the custom_data key of the base."""
+    custom = build.get("custom_data") or {}
+    return {
+        "name": custom.get("image_name", default_name),
+        "git_revision": custom.get("git_revision", ""),
+        "manifest_digest": custom.get("versions_digest", ""),
+        "base": custom.get(base_key, ""),
+        "build_time": build.get("build_time"),
+        "packer_run_uuid": build.get("packer_run_uuid"),
+    }
+
+
+def record_fields(manifest: Mapping, versions: Mapping | None, inputs_digest: str, extra: Mapping) -> dict:
+    """What every cloud record (<cloud>-latest.json) holds after its image ids; `extra` after the base."""
+    return {
+        "name": manifest["name"],
+        "git_revision": manifest["git_revision"],
+        "manifest_digest": manifest["manifest_digest"],
+        "versions": dict(versions or {}),
+        "base": manifest.get("base", ""),
+        **extra,
+        "inputs_digest": inputs_digest,
+        "built": built_at(manifest.get("build_time")),
+    }
 
 
 def image_name(base: str, revision: str | None = None) -> str:

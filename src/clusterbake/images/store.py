@@ -176,6 +176,28 @@ def find_local_image(config: ClusterConfig, state: StateDir) -> Path:
     return latest
 
 
+def _built_image_record(
+    state: StateDir, cloud: str, keys: tuple[str, str], pattern: re.Pattern, words: tuple[str, str, str], hint: str
+) -> tuple[Path, dict]:
+    """The store's <cloud>-latest.json and its record, which has `keys` (image id, location) and an
+    image id that matches `pattern`; else MissingImageError. `words`: what the image is called
+    ("AMI"), the config key that would name it instead, and what its id must be ("an AMI id")."""
+    id_key, location_key = keys
+    noun, setting, kind = words
+    store = ImageStore(state)
+    path = store.cloud_record_path(cloud)
+    if not path.is_file():
+        raise MissingImageError(f"no {noun}: {setting} is not set and {path} does not exist; {hint}")
+    try:
+        record = store.read_cloud_record(cloud)
+        image_id, _ = record[id_key], record[location_key]
+    except (MissingImageError, KeyError, TypeError):
+        raise MissingImageError(f"{path}: not an image record {{{id_key}, {location_key}}}; {hint}") from None
+    if not isinstance(image_id, str) or not pattern.match(image_id):
+        raise MissingImageError(f"{path}: {id_key} {image_id!r} is not {kind}; {hint}")
+    return path, record
+
+
 def write_aws_record(state: StateDir, ami_id: str, region: str, **extra) -> Path:
     """Record an AMI as the one AWS nodes boot (atomically; no history copy)."""
     if not AMI_PATTERN.match(ami_id):
@@ -194,17 +216,10 @@ def find_aws_image(config: ClusterConfig, state: StateDir) -> str:
     assert config.aws is not None
     if config.aws.ami_id:
         return config.aws.ami_id
-    store = ImageStore(state)
-    path = store.cloud_record_path("aws")
-    if not path.is_file():
-        raise MissingImageError(f"no AMI: aws.ami_id is not set and {path} does not exist; {AWS_BUILD_HINT}")
-    try:
-        record = store.read_cloud_record("aws")
-        ami_id, region = record["ami_id"], record["region"]
-    except (MissingImageError, KeyError, TypeError):
-        raise MissingImageError(f"{path}: not an image record {{ami_id, region}}; {AWS_BUILD_HINT}") from None
-    if not isinstance(ami_id, str) or not AMI_PATTERN.match(ami_id):
-        raise MissingImageError(f"{path}: ami_id {ami_id!r} is not an AMI id; {AWS_BUILD_HINT}")
+    path, record = _built_image_record(
+        state, "aws", ("ami_id", "region"), AMI_PATTERN, ("AMI", "aws.ami_id", "an AMI id"), AWS_BUILD_HINT
+    )
+    ami_id, region = record["ami_id"], record["region"]
     if region != config.aws.region:
         raise MissingImageError(
             f"{path}: {ami_id} was built in {region}, the cluster runs in {config.aws.region}; {AWS_BUILD_HINT}"
@@ -233,19 +248,15 @@ def find_azure_image(config: ClusterConfig, state: StateDir) -> str:
     assert config.azure is not None
     if config.azure.image:
         return config.azure.image
-    store = ImageStore(state)
-    path = store.cloud_record_path("azure")
-    if not path.is_file():
-        raise MissingImageError(f"no image: azure.image is not set and {path} does not exist; {AZURE_BUILD_HINT}")
-    try:
-        record = store.read_cloud_record("azure")
-        image_id, location = record["image"], record["location"]
-    except (MissingImageError, KeyError, TypeError):
-        raise MissingImageError(f"{path}: not an image record {{image, location}}; {AZURE_BUILD_HINT}") from None
-    if not isinstance(image_id, str) or not AZURE_IMAGE_PATTERN.match(image_id):
-        raise MissingImageError(
-            f"{path}: image {image_id!r} is not a managed image or gallery image version id; {AZURE_BUILD_HINT}"
-        )
+    path, record = _built_image_record(
+        state,
+        "azure",
+        ("image", "location"),
+        AZURE_IMAGE_PATTERN,
+        ("image", "azure.image", "a managed image or gallery image version id"),
+        AZURE_BUILD_HINT,
+    )
+    image_id, location = record["image"], record["location"]
     wanted = config.azure.location
     regions = [location, *record.get("replication_regions", [])] if "/galleries/" in image_id.lower() else [location]
     if wanted not in regions:

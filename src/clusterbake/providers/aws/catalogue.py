@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from clusterbake.gpu_systems import has_nvswitch
-from clusterbake.plan import SlurmNodeSpec, instance_slurm_spec
+from clusterbake.plan import InstanceShape, SlurmNodeSpec, instance_slurm_spec
 from clusterbake.providers.aws.api import paginate
 
 BATCH = 100  # DescribeInstanceTypes takes at most 100 names per call
@@ -38,13 +38,7 @@ EFA_CARD_TYPES = ("interface", "efa", "efa-only")
 
 
 @dataclass(frozen=True)
-class InstanceTypeInfo:
-    name: str
-    vcpus: int
-    cores: int
-    threads_per_core: int
-    memory_mib: int
-    gpus: tuple[tuple[str, int], ...]
+class InstanceTypeInfo(InstanceShape):
     efa_supported: bool
     max_efa_interfaces: int
     network_cards: int

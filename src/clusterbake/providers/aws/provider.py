@@ -14,6 +14,7 @@ from clusterbake.images.store import aws_image_source, find_aws_image
 from clusterbake.inventory import build_inventory
 from clusterbake.plan import NodeSpec, address_pool, assign_addresses, plan_nodes
 from clusterbake.progress import say
+from clusterbake.providers import common
 from clusterbake.providers.aws import billing, checks, discover, iam, placement, prices, resources, storage, tags
 from clusterbake.providers.aws import secrets as join_secrets
 from clusterbake.providers.aws.api import aws_errors, call, client, ec2_client, paginate
@@ -398,14 +399,11 @@ class AwsProvider(Provider):
         head = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name)).get("head", {})
         if not head.get("PrivateIpAddress"):
             raise ClusterbakeError("the head has no instance (or no address yet); `clusterbake cluster up` launches it")
-        try:
-            remote.wait_ready({"head": self._endpoint_to("head", head["PrivateIpAddress"])}, timeout)
-        except remote.HostKeyError:
-            raise
-        except remote.RemoteError as exc:
-            raise ClusterbakeError(
-                f"{exc}\ncheck aws.ssh_cidrs / aws.bastion and the instances' system logs (EC2 console output)"
-            ) from exc
+        common.wait_ssh(
+            self._endpoint_to("head", head["PrivateIpAddress"]),
+            timeout,
+            "check aws.ssh_cidrs / aws.bastion and the instances' system logs (EC2 console output)",
+        )
 
     @aws_errors
     def start_node(self, name: str) -> None:
@@ -617,32 +615,15 @@ class AwsProvider(Provider):
         }
 
     def _connection_vars(self) -> dict:
-        return {
-            "ansible_user": self.aws.ssh_user,
-            "ansible_become": True,
-            "ansible_ssh_private_key_file": str(self.cluster.ssh_key),
-            "ansible_ssh_common_args": " ".join(self._ssh_options()),
-            "munge_key_file": str(self.cluster.munge_key),
-            "node_join_controller_dir": str(self.cluster.join_bundles),
-            "clusterbake_aws_region": self.aws.region,
-            "fabric_socket_ifname": self.aws.network_interface,
-        }
+        return common.connection_vars(
+            self.cluster,
+            self.aws.ssh_user,
+            self._ssh_options(),
+            {"clusterbake_aws_region": self.aws.region, "fabric_socket_ifname": self.aws.network_interface},
+        )
 
     def _ssh_options(self) -> list[str]:
-        # Host keys are new on every instance: trust on first use, pinned per cluster.
-        options = [
-            "-o",
-            f"UserKnownHostsFile={self.cluster.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=accept-new",
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "LogLevel=ERROR",
-        ]
-        if self.aws.bastion:
-            options += ["-o", f"ProxyJump={self.aws.bastion}"]
-        return options
+        return common.ssh_options(self.cluster, self.aws.bastion)
 
     @aws_errors
     def endpoint(self, node: str) -> Endpoint:
@@ -654,17 +635,7 @@ class AwsProvider(Provider):
         return self._endpoint_to(node, instance["PrivateIpAddress"])
 
     def _endpoint_to(self, node: str, address: str) -> Endpoint:
-        # Host keys are new on every instance: trust on first use, pinned per cluster (as _ssh_options).
-        return Endpoint(
-            name=node,
-            host=address,
-            user=self.aws.ssh_user,
-            key_file=self.cluster.ssh_key,
-            known_hosts=self.cluster.known_hosts,
-            host_key_policy="accept-new",
-            sudo=True,
-            gateway=self.aws.bastion,
-        )
+        return common.endpoint(self.cluster, node, address, self.aws.ssh_user, self.aws.bastion)
 
     def _forget_replaced_hosts(self) -> list[str]:
         """Drop the known_hosts lines of nodes whose instance is not the one state.json records.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from clusterbake.config import ClusterConfig
 from clusterbake.gpu_systems import has_nvswitch
-from clusterbake.plan import MEMORY_FRACTION, NodeSpec, plan_nodes
+from clusterbake.plan import MEMORY_FRACTION, InstanceShape, NodeSpec, plan_nodes
 
 MEMORY_FLOOR_MIB = 1024
 # Size name -> GPU model (Gres type). Microsoft's sizes name the GPU; ND A100 v4 (ND96asr_v4) does not.
@@ -41,13 +41,7 @@ def gpu_model(size: str) -> str:
 
 
 @dataclass(frozen=True)
-class SkuInfo:
-    name: str
-    vcpus: int
-    cores: int
-    threads_per_core: int
-    memory_mib: int
-    gpus: tuple[tuple[str, int], ...]
+class SkuInfo(InstanceShape):
     family: str
     rdma: bool
     low_priority: bool

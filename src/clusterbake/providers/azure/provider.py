@@ -15,13 +15,13 @@ import shutil
 from functools import cached_property
 from pathlib import Path
 
-from clusterbake import remote
 from clusterbake.config import ClusterConfig, NodeGroup
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.images.store import azure_image_source, find_azure_image
 from clusterbake.inventory import build_inventory
 from clusterbake.plan import NodeSpec, address_pool, assign_addresses
 from clusterbake.progress import say
+from clusterbake.providers import common
 from clusterbake.providers.aws.userdata import user_data
 from clusterbake.providers.azure import checks, resources, tags
 from clusterbake.providers.azure.api import Clients, azure_errors, caller_identity, get_or_none, message
@@ -249,18 +249,13 @@ class AzureProvider(Provider):
 
     def _ensure_asg(self) -> str:
         name = resources.cluster_name(self.config.cluster_name)
-        api = self.clients.network.application_security_groups
-        found = get_or_none(api.get, self.azure.resource_group, name)
-        if found is not None:
+        body = {"location": self.azure.location, "tags": tags.cluster_tags(self.config.cluster_name)}
+        found, created = self._find_or_create(self.clients.network.application_security_groups, name, body, poll=True)
+        if created:
+            say(f"    application security group {name} created")
+        else:
             self._owned(found.tags, f"application security group {name}")
-            return found.id
-        created = api.begin_create_or_update(
-            self.azure.resource_group,
-            name,
-            {"location": self.azure.location, "tags": tags.cluster_tags(self.config.cluster_name)},
-        ).result()
-        say(f"    application security group {name} created")
-        return created.id
+        return found.id
 
     def _ensure_nsg(self, asg_id: str) -> str:
         name = resources.cluster_name(self.config.cluster_name)
@@ -285,14 +280,9 @@ class AzureProvider(Provider):
 
     def _ensure_identity(self) -> dict:
         name = resources.identity_name(self.config.cluster_name)
-        api = self.clients.msi.user_assigned_identities
-        found = get_or_none(api.get, self.azure.resource_group, name)
-        if found is None:
-            found = api.create_or_update(
-                self.azure.resource_group,
-                name,
-                {"location": self.azure.location, "tags": tags.cluster_tags(self.config.cluster_name)},
-            )
+        body = {"location": self.azure.location, "tags": tags.cluster_tags(self.config.cluster_name)}
+        found, created = self._find_or_create(self.clients.msi.user_assigned_identities, name, body)
+        if created:
             say(f"    managed identity {name} created")
         else:
             self._owned(found.tags, f"managed identity {name}")
@@ -353,44 +343,43 @@ class AzureProvider(Provider):
         result: dict = {}
         zone = {"zones": [self.azure.zone]} if self.azure.zone else {}
         if self._wants_placement_group(group):
-            api = self.clients.compute.proximity_placement_groups
-            found = get_or_none(api.get, self.azure.resource_group, name)
-            if found is None:
-                found = api.create_or_update(
-                    self.azure.resource_group,
-                    name,
-                    {
-                        "location": self.azure.location,
-                        "tags": tags.node_tags(cluster, "compute", group.name),
-                        "properties": {
-                            "proximityPlacementGroupType": "Standard",
-                            "intent": {"vmSizes": [group.instance_type]},
-                        },
-                        **zone,
-                    },
-                )
+            body = {
+                "location": self.azure.location,
+                "tags": tags.node_tags(cluster, "compute", group.name),
+                "properties": {"proximityPlacementGroupType": "Standard", "intent": {"vmSizes": [group.instance_type]}},
+                **zone,
+            }
+            found, created = self._find_or_create(self.clients.compute.proximity_placement_groups, name, body)
+            if created:
                 say(f"    proximity placement group {name} created")
             result["placement_group"] = found.id
         if uses_infiniband(group, self.infos[group.instance_type]):
-            api = self.clients.compute.virtual_machine_scale_sets
-            found = get_or_none(api.get, self.azure.resource_group, name)
-            if found is None:
-                properties: dict = {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1}
-                if result.get("placement_group"):
-                    properties["proximityPlacementGroup"] = {"id": result["placement_group"]}
-                found = api.begin_create_or_update(
-                    self.azure.resource_group,
-                    name,
-                    {
-                        "location": self.azure.location,
-                        "tags": tags.node_tags(cluster, "compute", group.name),
-                        "properties": properties,
-                        **zone,
-                    },
-                ).result()
+            properties: dict = {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1}
+            if result.get("placement_group"):
+                properties["proximityPlacementGroup"] = {"id": result["placement_group"]}
+            body = {
+                "location": self.azure.location,
+                "tags": tags.node_tags(cluster, "compute", group.name),
+                "properties": properties,
+                **zone,
+            }
+            found, created = self._find_or_create(
+                self.clients.compute.virtual_machine_scale_sets, name, body, poll=True
+            )
+            if created:
                 say(f"    scale set {name} created (Flexible; one InfiniBand fabric for the group)")
             result["scale_set"] = found.id
         return result
+
+    def _find_or_create(self, api, name: str, body: dict, poll: bool = False) -> tuple:
+        """(resource, created): `name` in the resource group, else created from `body` (with
+        begin_create_or_update and its poller's result when `poll`)."""
+        found = get_or_none(api.get, self.azure.resource_group, name)
+        if found is not None:
+            return found, False
+        if poll:
+            return api.begin_create_or_update(self.azure.resource_group, name, body).result(), True
+        return api.create_or_update(self.azure.resource_group, name, body), True
 
     def _owned(self, resource_tags: dict | None, what: str) -> None:
         if (resource_tags or {}).get(tags.CLUSTER) != self.config.cluster_name:
@@ -551,14 +540,11 @@ class AzureProvider(Provider):
         head = self.cluster_vms().get("head", {})
         if not head.get("address"):
             raise ClusterbakeError("the head has no VM (or no address yet); `clusterbake cluster up` creates it")
-        try:
-            remote.wait_ready({"head": self._endpoint_to("head", head["address"])}, timeout)
-        except remote.HostKeyError:
-            raise
-        except remote.RemoteError as exc:
-            raise ClusterbakeError(
-                f"{exc}\ncheck azure.ssh_cidrs / azure.bastion and the VMs' boot diagnostics"
-            ) from exc
+        common.wait_ssh(
+            self._endpoint_to("head", head["address"]),
+            timeout,
+            "check azure.ssh_cidrs / azure.bastion and the VMs' boot diagnostics",
+        )
 
     @azure_errors
     def start_node(self, name: str) -> None:
@@ -704,31 +690,15 @@ class AzureProvider(Provider):
         return build_inventory(self.config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
 
     def _connection_vars(self) -> dict:
-        return {
-            "ansible_user": self.azure.admin_user,
-            "ansible_become": True,
-            "ansible_ssh_private_key_file": str(self.cluster.ssh_key),
-            "ansible_ssh_common_args": " ".join(self._ssh_options()),
-            "munge_key_file": str(self.cluster.munge_key),
-            "node_join_controller_dir": str(self.cluster.join_bundles),
-            "clusterbake_azure_location": self.azure.location,
-            "fabric_socket_ifname": self.azure.network_interface,
-        }
+        return common.connection_vars(
+            self.cluster,
+            self.azure.admin_user,
+            self._ssh_options(),
+            {"clusterbake_azure_location": self.azure.location, "fabric_socket_ifname": self.azure.network_interface},
+        )
 
     def _ssh_options(self) -> list[str]:
-        options = [
-            "-o",
-            f"UserKnownHostsFile={self.cluster.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=accept-new",
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "LogLevel=ERROR",
-        ]
-        if self.azure.bastion:
-            options += ["-o", f"ProxyJump={self.azure.bastion}"]
-        return options
+        return common.ssh_options(self.cluster, self.azure.bastion)
 
     @azure_errors
     def endpoint(self, node: str) -> Endpoint:
@@ -739,13 +709,4 @@ class AzureProvider(Provider):
         return self._endpoint_to(node, vm["address"])
 
     def _endpoint_to(self, node: str, address: str) -> Endpoint:
-        return Endpoint(
-            name=node,
-            host=address,
-            user=self.azure.admin_user,
-            key_file=self.cluster.ssh_key,
-            known_hosts=self.cluster.known_hosts,
-            host_key_policy="accept-new",
-            sudo=True,
-            gateway=self.azure.bastion,
-        )
+        return common.endpoint(self.cluster, node, address, self.azure.admin_user, self.azure.bastion)
