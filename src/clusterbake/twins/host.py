@@ -3,6 +3,7 @@ namespace on the twin's bridge, starting and stopping the twin's process, its co
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from clusterbake.errors import ClusterbakeError
 from clusterbake.nspawn import machines, network
+from clusterbake.progress import phase
 
 
 def read_info(path: Path) -> dict | None:
@@ -115,3 +117,35 @@ def unix_request(path: Path, method: str, url: str, body: dict | None, what: str
     if response.status != 200:
         raise ClusterbakeError(f"{what}: {method} {url}: {answer.get('error', response.status)}")
     return answer
+
+
+def control_request(directory: Path, running: bool, what: str, cloud: str, method: str, url: str, body=None) -> dict:
+    """A call to a running twin's control socket; a clear error when the twin is not running."""
+    if not running:
+        raise ClusterbakeError(f"the {what} is not running; start it with `clusterbake twin up {cloud}`")
+    return unix_request(directory / "control.sock", method, url, body, what)
+
+
+def take_down(
+    directory: Path,
+    info: dict | None,
+    what: str,
+    stop_timeout: float,
+    remove_nodes: Callable[[], list[str]],
+    twin_network: str,
+    netns: str,
+) -> list[str]:
+    """Stop a twin's process (its nodes go with it), then remove whatever a dead one left behind:
+    nodes (`remove_nodes` names them), its network and its directory."""
+    removed: list[str] = []
+    if info:
+        pid = int(info["pid"])
+        with phase(f"{what}: stop (its nodes go with it)"):
+            stop_process(pid, stop_timeout)
+            removed.append(f"twin process {pid}")
+    removed += [f"node {name}" for name in remove_nodes()]
+    removed += remove_network(twin_network, netns)
+    removed += remove_directory(directory)
+    with contextlib.suppress(OSError):  # other twins' directories are still there
+        directory.parent.rmdir()
+    return removed

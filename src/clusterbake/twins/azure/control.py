@@ -13,7 +13,6 @@ and the twin's directory.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -108,9 +107,9 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
 
 def request(state: StateDir, method: str, path: str, body: dict | None = None) -> dict:
     """A call to the running twin's control socket (status, scheduled events)."""
-    if read_info(state) is None:
-        raise ClusterbakeError("the Azure twin is not running; start it with `clusterbake twin up azure`")
-    return host.unix_request(twin_dir(state) / "control.sock", method, path, body, "Azure twin")
+    return host.control_request(
+        twin_dir(state), read_info(state) is not None, "Azure twin", "azure", method, path, body
+    )
 
 
 def status(state: StateDir) -> dict:
@@ -122,17 +121,12 @@ def status(state: StateDir) -> dict:
 
 def down(state: StateDir) -> list[str]:
     directory = twin_dir(state)
-    removed: list[str] = []
-    info = read_info(state)
-    if info:
-        pid = int(info["pid"])
-        with phase("Azure twin: stop (its nodes go with it)"):
-            host.stop_process(pid, STOP_TIMEOUT)
-            removed.append(f"twin process {pid}")
-    # Whatever a dead process left behind.
-    removed += [f"node {i}" for i in AzureNodes(directory, VNET_CIDR, None, lambda m: None).remove_all()]
-    removed += host.remove_network(TWIN_NETWORK, SERVICE_NETNS)
-    removed += host.remove_directory(directory)
-    with contextlib.suppress(OSError):
-        directory.parent.rmdir()
-    return removed
+    return host.take_down(
+        directory,
+        read_info(state),
+        "Azure twin",
+        STOP_TIMEOUT,
+        lambda: AzureNodes(directory, VNET_CIDR, None, lambda m: None).remove_all(),
+        TWIN_NETWORK,
+        SERVICE_NETNS,
+    )
