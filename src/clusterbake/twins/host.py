@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from clusterbake.config import ClusterConfig
 from clusterbake.errors import ClusterbakeError
 from clusterbake.nspawn import machines, network
 from clusterbake.progress import phase
@@ -149,3 +150,14 @@ def take_down(
     with contextlib.suppress(OSError):  # other twins' directories are still there
         directory.parent.rmdir()
     return removed
+
+
+def image_config(base: ClusterConfig, features: list[str]) -> ClusterConfig:
+    """A twin's node image: the image settings of the user's config, with the twin's features."""
+    return ClusterConfig.model_validate(
+        {
+            "cluster_name": "twin",
+            "image": base.image.model_dump(),
+            "node_groups": [{"name": "twin", "count": 0, "features": features}],
+        }
+    )

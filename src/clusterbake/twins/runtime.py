@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 import threading
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
@@ -85,3 +86,13 @@ def serve_control(path: Path, dispatch: Dispatch) -> None:
     server = Server(str(path), Handler)
     os.chmod(path, 0o600)
     threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
+
+
+def keep_reconciling(reconcile: Callable[[], None], stopping: threading.Event, poll: float) -> None:
+    """Run `reconcile` every `poll` seconds until `stopping`; a failed round is logged, not fatal."""
+    while not stopping.is_set():
+        try:
+            reconcile()
+        except Exception:
+            log(f"reconcile failed:\n{traceback.format_exc()}")
+        stopping.wait(poll)

@@ -43,17 +43,6 @@ def bridge_address() -> str:
     return str(network.host_address(VPC_CIDR).ip)
 
 
-def image_config(base: ClusterConfig) -> ClusterConfig:
-    """The image settings of the user's config, with the twin's features."""
-    return ClusterConfig.model_validate(
-        {
-            "cluster_name": "twin",
-            "image": base.image.model_dump(),
-            "node_groups": [{"name": "twin", "count": 0, "features": IMAGE_FEATURES}],
-        }
-    )
-
-
 def environment(state: StateDir, info: dict) -> dict[str, str]:
     return {
         "AWS_ENDPOINT_URL": info["endpoint"],
@@ -82,7 +71,7 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
         return environment(state, info)
     from clusterbake.images.local import build_image
 
-    image = build_image(image_config(config), state)
+    image = build_image(host.image_config(config, IMAGE_FEATURES), state)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with phase("EC2 twin: bridge and metadata namespace"):
         network.ensure_bridge(TWIN_NETWORK, VPC_CIDR)

@@ -41,7 +41,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from clusterbake.twins.runtime import in_netns, iso, log, serve_control, write_private
+from clusterbake.twins.runtime import in_netns, iso, keep_reconciling, log, serve_control, write_private
 
 ACCOUNT = "123456789012"
 SEED = 20261201
@@ -409,12 +409,7 @@ class Twin:
             tmp.replace(target)
 
     def keep_nodes(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                self.reconcile()
-            except Exception:
-                log(f"reconcile failed:\n{traceback.format_exc()}")
-            self.stopping.wait(POLL)
+        keep_reconciling(self.reconcile, self.stopping, POLL)
 
     # --- control ---------------------------------------------------------------------
 

@@ -46,17 +46,6 @@ def bridge_address() -> str:
     return str(network.host_address(VNET_CIDR).ip)
 
 
-def image_config(base: ClusterConfig) -> ClusterConfig:
-    """The image settings of the user's config, with the twin's features."""
-    return ClusterConfig.model_validate(
-        {
-            "cluster_name": "twin",
-            "image": base.image.model_dump(),
-            "node_groups": [{"name": "twin", "count": 0, "features": IMAGE_FEATURES}],
-        }
-    )
-
-
 def environment(info: dict) -> dict[str, str]:
     """What a client needs (the ARM fake's endpoints.json env): ARM's URL, the managed identity
     endpoint and its secret header, the twin's CA, and the Key Vault proxy."""
@@ -80,7 +69,7 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
         down(state)
     from clusterbake.images.local import build_image
 
-    image = build_image(image_config(config), state)
+    image = build_image(host.image_config(config, IMAGE_FEATURES), state)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with phase("Azure twin: bridge, IMDS and DNS namespace"):
         network.ensure_bridge(TWIN_NETWORK, VNET_CIDR)

@@ -51,7 +51,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from clusterbake.twins.runtime import in_netns, log, serve_control
+from clusterbake.twins.runtime import in_netns, keep_reconciling, log, serve_control
 
 POLL = 0.25
 SERVICE_NETNS = "cbsvc-twin-azure"
@@ -491,12 +491,7 @@ class AzureTwin:
             self.events = {name: entry for name, entry in self.events.items() if name in live_names}
 
     def keep_nodes(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                self.reconcile()
-            except Exception:
-                log(f"reconcile failed:\n{traceback.format_exc()}")
-            self.stopping.wait(POLL)
+        keep_reconciling(self.reconcile, self.stopping, POLL)
 
     # --- control ------------------------------------------------------------------------------
 
