@@ -9,7 +9,7 @@ VENV := .venv
 CB := $(VENV)/bin/clusterbake --config $(CONFIG)
 HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client openssh-server python3-venv git rsync
 STAMP_VENV := $(VENV)/.installed
-PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot roles/slurm_power/files/clusterbake-power
+PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot roles/slurm_power/files/clusterbake-power roles/slurm_accounting/files/clusterbake-slurm-accounts roles/slurm_exporter/files/clusterbake-slurm-exporter
 
 .DEFAULT_GOAL := help
 .PHONY: help deps venv validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench
@@ -53,15 +53,16 @@ status: venv ## Nodes and their Slurm state
 destroy: venv ## Remove every node, network and mount of the cluster
 	$(CB) cluster down
 
-TWIN_CONFIG ?= examples/aws-twin.yaml
-TWIN_ENV = eval "$$($(VENV)/bin/clusterbake twin up aws)"
-twin: deps venv ## The EC2 twin, then an AWS cluster on it (TWIN_CONFIG, default examples/aws-twin.yaml)
+TWIN_CLOUD ?= aws
+TWIN_CONFIG ?= examples/$(TWIN_CLOUD)-twin.yaml
+TWIN_ENV = eval "$$($(VENV)/bin/clusterbake twin up $(TWIN_CLOUD))"
+twin: deps venv ## A cloud's twin, then a cluster on it (TWIN_CLOUD=aws|azure, TWIN_CONFIG: examples/<cloud>-twin.yaml)
 	$(TWIN_ENV) && $(VENV)/bin/clusterbake --config $(TWIN_CONFIG) cluster up
 
 twin-destroy: venv ## Remove the twin's cluster, then the twin (its nodes, bridge and state)
-	if $(VENV)/bin/clusterbake twin status aws | grep -q '"running": true'; then \
+	if $(VENV)/bin/clusterbake twin status $(TWIN_CLOUD) | grep -q '"running": true'; then \
 	  $(TWIN_ENV) && $(VENV)/bin/clusterbake --config $(TWIN_CONFIG) cluster down; fi
-	$(VENV)/bin/clusterbake twin down aws
+	$(VENV)/bin/clusterbake twin down $(TWIN_CLOUD)
 
 lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
 	$(VENV)/bin/ruff check $(PY_SOURCES)
@@ -71,11 +72,19 @@ lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
 	packer fmt -check packer
 	scripts/packer-validate
 
-test: deps venv ## Unit and integration tests (builds the image if needed)
-	$(VENV)/bin/pytest -v tests
+# Tests that need no node run on every core (pytest-xdist, one worker per test file); the ones
+# that boot nodes share the host's bridges and images, so they run one at a time, after them.
+OFFLINE_TESTS := tests/unit tests/aws tests/azure
+NODE_TESTS := tests/integration tests/twin
 
-test-unit: venv ## Unit tests only
-	$(VENV)/bin/pytest -v tests/unit
+test: deps venv ## Unit and integration tests (builds the image if needed)
+	status=0; \
+	$(VENV)/bin/pytest -v -n auto --dist loadfile --durations=20 $(OFFLINE_TESTS) || status=$$?; \
+	$(VENV)/bin/pytest -v --durations=30 $(NODE_TESTS) || status=$$?; \
+	exit $$status
+
+test-unit: venv ## Unit tests only (no root, no nodes)
+	$(VENV)/bin/pytest -v -n auto --dist loadfile $(OFFLINE_TESTS)
 
 test-integration: deps venv ## Integration tests on a real local cluster
 	$(VENV)/bin/pytest -v tests/integration

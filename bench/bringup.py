@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Bring-up benchmark: `cluster up` from nothing, the idempotent re-run, destroy, and the
-time from `sbatch` to job start on powered-down elastic nodes.
+"""Bring-up benchmark: `cluster up` from nothing, the memory each node takes, the idempotent
+re-run, destroy, and the time from `sbatch` to job start on powered-down elastic nodes.
 
 Runs the real `clusterbake` CLI (what `make cluster` runs) on the local provider and
 writes JSON with medians and ratios to bench/results/bringup-<time>.json.
@@ -83,10 +83,17 @@ def baseline_worktree(rev: str) -> Path:
     return path
 
 
-def static_config(compute: int, directory: Path) -> Path:
-    path = directory / f"bench-{compute}.yaml"
+# --without: config sections that switch a part off, to measure what it costs side by side.
+PARTS_OFF = {
+    "accounting": "accounting:\n  enabled: false\n",
+    "monitoring": "monitoring:\n  enabled: false\n",
+}
+
+
+def static_config(compute: int, directory: Path, without: tuple[str, ...] = ()) -> Path:
+    path = directory / f"bench-{compute}{''.join('-no-' + part for part in without)}.yaml"
     text = BASE.replace("cluster_name: citest", "cluster_name: bench").replace("count: 2", f"count: {compute}")
-    path.write_text(text.replace("10.78.0.0/24", SUBNET))
+    path.write_text(text.replace("10.78.0.0/24", SUBNET) + "".join(PARTS_OFF[part] for part in without))
     return path
 
 
@@ -103,14 +110,45 @@ def summary(samples: list[float]) -> dict:
     return {"median_s": round(statistics.median(samples), 3), "samples_s": [round(s, 3) for s in samples]}
 
 
+def node_memory_mib(machine_prefix: str) -> dict[str, float]:
+    """Proportional set size (PSS, MiB) of each node: its processes found by their cgroup
+    (`.../clusterbake/<machine>`, where each node is placed), summed from smaps_rollup."""
+    by_machine: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cgroups = (proc / "cgroup").read_text()
+            match = re.search(rf"/clusterbake/({re.escape(machine_prefix)}[^/\n]*)", cgroups)
+            if not match:
+                continue
+            rollup = (proc / "smaps_rollup").read_text()
+        except OSError:
+            continue
+        pss = re.search(r"^Pss:\s+(\d+) kB", rollup, re.M)
+        if pss:
+            by_machine[match.group(1)] = by_machine.get(match.group(1), 0.0) + int(pss.group(1)) / 1024
+    return by_machine
+
+
 def bring_up(code: Code, config: Path) -> dict[str, float]:
-    """From nothing to every compute node idle, the re-run, and destroy."""
+    """From nothing to every compute node idle (with each node's memory then), the re-run, and destroy."""
     code.run(config, "cluster", "down")
     up, _ = code.run(config, "cluster", "up")
+    memory = node_memory_mib("cb-bench-")
     rerun, out = code.run(config, "cluster", "up")
     changed = re.search(r"(\d+) changed tasks", out)
     down, _ = code.run(config, "cluster", "down")
-    return {"up": up, "rerun": rerun, "down": down, "rerun_changed": int(changed.group(1)) if changed else -1}
+    compute = [mib for machine, mib in memory.items() if not machine.endswith("-head")]
+    return {
+        "up": up,
+        "rerun": rerun,
+        "down": down,
+        "rerun_changed": int(changed.group(1)) if changed else -1,
+        "compute_node_pss_mib": statistics.median(compute) if compute else -1,
+        "head_pss_mib": next((mib for machine, mib in memory.items() if machine.endswith("-head")), -1),
+        "all_nodes_pss_mib": sum(memory.values()),
+    }
 
 
 def on_head(code: Code, config: Path, command: str) -> str:
@@ -151,11 +189,16 @@ def sbatch_to_start(code: Code, config: Path, nodes: int, repeat: int) -> list[f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3, help="alternating rounds (and samples)")
-    parser.add_argument("--sizes", default="8,32", help="compute node counts, 1 head each")
+    parser.add_argument("--sizes", default="8,32", help="compute node counts, 1 head each (64: issue 13's scale)")
     parser.add_argument("--baseline", metavar="REV", help="git revision to measure alternately against")
     parser.add_argument("--baseline-sizes", default="8", help="sizes the baseline runs too")
     parser.add_argument("--elastic-nodes", default="1,4", help="sbatch -N of the powered-down samples ('' skips)")
     parser.add_argument("--cold", action="store_true", help="also time a cold image build (slow)")
+    parser.add_argument(
+        "--without",
+        default="",
+        help="also measure the current code with these parts off, alternately (e.g. accounting,monitoring)",
+    )
     args = parser.parse_args()
 
     current = Code("current", REPO / "src")
@@ -163,13 +206,21 @@ def main() -> int:
     if args.baseline:
         rev = subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short=10", args.baseline], text=True)
         codes.append(Code(f"baseline {rev.strip()}", baseline_worktree(rev.strip()) / "src"))
+    without = tuple(part for part in args.without.split(",") if part)
+    unknown = set(without) - set(PARTS_OFF)
+    if unknown:
+        parser.error(f"--without: {', '.join(sorted(unknown))}: not one of {', '.join(PARTS_OFF)}")
+    # (code, parts off, label): the current code as configured, then with `without` off.
+    variants = [(code, (), code.label) for code in codes]
+    if without:
+        variants.append((current, without, f"{current.label} without {'+'.join(without)}"))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     baseline_sizes = {int(s) for s in args.baseline_sizes.split(",") if s}
     results: dict = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "kernel": platform.release()},
         "git": subprocess.check_output(["git", "-C", str(REPO), "describe", "--always", "--dirty"], text=True).strip(),
-        "codes": [c.label for c in codes],
+        "codes": [label for _, _, label in variants],
         "image": {},
         "clusters": {},
     }
@@ -182,18 +233,16 @@ def main() -> int:
 
         raw: dict[str, dict[str, dict[str, list]]] = {}
         for round_no in range(args.repeat):
-            order = codes if round_no % 2 == 0 else codes[::-1]
+            order = variants if round_no % 2 == 0 else variants[::-1]
             for size in sizes:
-                for code in order:
+                for code, parts_off, label in order:
                     if code is not current and size not in baseline_sizes:
                         continue
-                    figures = bring_up(code, static_config(size, directory))
-                    log(
-                        f"[{code.label}] 1+{size} round {round_no + 1}: "
-                        + json.dumps({k: round(v, 1) for k, v in figures.items()})
-                    )
+                    figures = bring_up(code, static_config(size, directory, parts_off))
+                    shown = json.dumps({k: round(v, 1) for k, v in figures.items()})
+                    log(f"[{label}] 1+{size} round {round_no + 1}: {shown}")
                     for key, value in figures.items():
-                        raw.setdefault(f"1+{size}", {}).setdefault(code.label, {}).setdefault(key, []).append(value)
+                        raw.setdefault(f"1+{size}", {}).setdefault(label, {}).setdefault(key, []).append(value)
 
         for shape, by_code in raw.items():
             entry = results["clusters"][shape] = {}
@@ -203,6 +252,9 @@ def main() -> int:
                     "idempotent_rerun": summary(figures["rerun"]),
                     "destroy": summary(figures["down"]),
                     "rerun_changed_tasks": figures["rerun_changed"],
+                    "compute_node_pss_mib_median": round(statistics.median(figures["compute_node_pss_mib"]), 1),
+                    "head_pss_mib_median": round(statistics.median(figures["head_pss_mib"]), 1),
+                    "all_nodes_pss_mib_median": round(statistics.median(figures["all_nodes_pss_mib"]), 1),
                 }
         ratios = results["ratios"] = {}
         here = results["clusters"].get("1+8", {}).get(current.label)

@@ -16,3 +16,14 @@ def wait_for(what, predicate, timeout, describe=None, interval=1.0):
             return last
         time.sleep(interval)
     raise AssertionError(f"{what} not reached within {timeout}s (last: {describe() if describe else last})")
+
+
+def poll(predicate, timeout=90.0, interval=0.5):
+    """predicate()'s first truthy answer within `timeout` seconds, else its last (falsy) one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()

@@ -22,15 +22,34 @@ from clusterbake.images.inputs import hash_repository_inputs
 from clusterbake.paths import repo_root
 from clusterbake.remote import Endpoint
 
-# What the head play writes (roles common, munge, slurm, slurm_power, shared_storage, node_join).
-HEAD_PATHS = ("/etc/slurm", "/etc/clusterbake", "/etc/munge", "/etc/exports", "/etc/exports.d", "/etc/systemd/system")
-HEAD_SERVICES = ("munge", "slurmctld")
+# What the head play writes (roles common, munge, slurm, slurm_accounting, slurm_power, shared_storage,
+# prometheus, node_exporter, slurm_exporter, node_join) and the daemons it runs (a daemon a cluster does
+# not use stays "inactive", as recorded).
+HEAD_PATHS = (
+    "/etc/slurm", "/etc/clusterbake", "/etc/munge", "/etc/mysql", "/etc/prometheus", "/etc/default/prometheus",
+    "/etc/default/prometheus-node-exporter", "/etc/exports", "/etc/exports.d", "/etc/systemd/system",
+)  # fmt: skip
+HEAD_SERVICES = (
+    "munge", "slurmctld", "mariadb", "slurmdbd", "prometheus", "prometheus-node-exporter",
+    "clusterbake-slurm-exporter",
+)  # fmt: skip
 # Bundles the play renders (outputs, not inputs).
 RENDERED = ("join",)
 
 
+# Whether a node runs now is not an input of the head's configuration (slurm.conf lists every
+# planned node, running or not): a node that booted or powered down since is no reason to play.
+POWER_HOSTVARS = ("clusterbake_running", "clusterbake_power_state")
+
+
+def _without_power(inventory: dict) -> dict:
+    hostvars = inventory.get("_meta", {}).get("hostvars", {})
+    stable = {host: {k: v for k, v in hv.items() if k not in POWER_HOSTVARS} for host, hv in hostvars.items()}
+    return {**inventory, "_meta": {**inventory.get("_meta", {}), "hostvars": stable}}
+
+
 def inputs_digest(config: ClusterConfig, inventory: dict, secrets_dir: Path) -> str:
-    h = hashlib.sha256(json.dumps(inventory, sort_keys=True, default=str).encode())
+    h = hashlib.sha256(json.dumps(_without_power(inventory), sort_keys=True, default=str).encode())
     hash_repository_inputs(h, repo_root())
     if secrets_dir.exists():
         for path in sorted(secrets_dir.rglob("*")):
@@ -39,6 +58,11 @@ def inputs_digest(config: ClusterConfig, inventory: dict, secrets_dir: Path) -> 
                 h.update(str(relative).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     for ca in extra_ca_files(config):
         h.update(Path(ca).read_bytes())
+    # An external accounting database's password and CA bundle (their digest only).
+    database = config.accounting.database if config.accounting.enabled else None
+    for name in (database.password_file, database.ca_file) if database else ():
+        if name:
+            h.update(hashlib.sha256(Path(name).read_bytes()).digest())
     return h.hexdigest()
 
 

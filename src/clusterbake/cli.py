@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from clusterbake import cluster
-from clusterbake.config import DEFAULT_CONFIG, ClusterConfig, extra_ca_files, load_config
-from clusterbake.errors import ClusterbakeError
+from clusterbake.config import DEFAULT_CONFIG, ClusterConfig, check_accounting_files, extra_ca_files, load_config
+from clusterbake.errors import ClusterbakeError, CommandFailed, ConfigError
 from clusterbake.progress import say
 from clusterbake.providers import get_provider
 from clusterbake.state import StateDir
@@ -27,11 +29,26 @@ def _load(args: argparse.Namespace) -> ClusterConfig:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args)
+    check_accounting_files(config)
     static = sum(g.static_count for g in config.node_groups)
     elastic = sum(g.max_nodes - g.static_count for g in config.node_groups)
     extra = f" + up to {elastic} elastic" if elastic else ""
     shape = f"1 head, {static} compute{extra}"
     print(f"{_config_path(args)}: valid ({config.provider} cluster {config.cluster_name}: {shape})")
+    if config.provider == "local":
+        from clusterbake.providers.local.provider import LocalProvider
+
+        for line in LocalProvider(config, StateDir.for_config(config)).host_limit_report():
+            print(f"  {line}")
+    return 0
+
+
+def cmd_image_use(args: argparse.Namespace) -> int:
+    provider = get_provider(_load(args))
+    image = provider.find_image()
+    moved = provider.use_image(image)
+    name = cluster.image_name(str(image))
+    print(f"cluster image: {name}" + ("" if moved else " (already)") + "; running nodes keep theirs until replaced")
     return 0
 
 
@@ -66,14 +83,23 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"cluster {report['cluster']} ({report['provider']}), image {report['image'] or '-'}")
-    print(f"{'NODE':<12} {'ROLE':<8} {'GROUP':<10} {'ADDRESS':<15} {'STATE':<9} SLURM")
+    newest = report["newest_image"]
+    moved = ""
+    if newest != report["image"]:
+        moved = f" (newest built: {newest}; `clusterbake ops image_update` moves the nodes)"
+    print(f"cluster {report['cluster']} ({report['provider']}), image {report['image'] or '-'}{moved}")
+    width = max([5, *(len(n["image"] or "-") for n in report["nodes"])])
+    print(f"{'NODE':<12} {'ROLE':<8} {'GROUP':<10} {'ADDRESS':<15} {'STATE':<9} {'IMAGE':<{width}} SLURM")
     for node in report["nodes"]:
         print(
             f"{node['name']:<12} {node['role']:<8} {node['nodegroup']:<10} {node['address'] or '-':<15} "
-            f"{node['state']:<9} {node['slurm_state'] or '-'}"
+            f"{node['state']:<9} {node['image'] or '-':<{width}} {node['slurm_state'] or '-'}"
         )
+    for node in report["nodes"]:
+        if node["state"] not in ("running", "stopped", "absent") and node.get("detail"):
+            print(f"{node['name']}: {node['detail']}")
     if report["slurm_error"]:
+        sys.stdout.flush()  # the table first, also when both streams go to one pipe
         print(f"slurm: {report['slurm_error']}", file=sys.stderr)
     counts = report["summary"]
     shown = ("running", "stopped", "absent", "powered_down")
@@ -138,6 +164,12 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster_publish(args: argparse.Namespace) -> int:
+    changes = cluster.publish(_load(args))
+    print("\n".join(changes) if changes else "no node's join bundle changed")
+    return 0
+
+
 def cmd_ssh(args: argparse.Namespace) -> int:
     from clusterbake import remote
 
@@ -147,13 +179,172 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     return remote.interactive(provider.endpoint(args.node), " ".join(words) if words else None)
 
 
+def cmd_exec(args: argparse.Namespace) -> int:
+    from clusterbake import fanout
+
+    if not args.extra:
+        raise ConfigError("exec: give the command after --, e.g. `clusterbake exec --group cpu -- uptime`")
+    try:
+        stdin = Path(args.stdin).read_bytes() if args.stdin else None
+    except OSError as exc:
+        raise ConfigError(f"exec --stdin: cannot read {args.stdin} ({exc.strerror})") from None
+    provider = get_provider(_load(args))
+    names = fanout.select(provider, args.group, args.nodes)
+    log = provider.cluster.logs / f"exec-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    rows = fanout.run(provider, names, " ".join(args.extra), args.timeout, log, stdin=stdin)
+    print(fanout.table(rows))
+    tried = [r for r in rows if r.tried]
+    bad = fanout.failed(rows)
+    skipped = len(rows) - len(tried)
+    print(
+        f"{len(tried) - len(bad)} of {len(tried)} nodes exited 0"
+        + (f"; {skipped} not running, not tried" if skipped else "")
+        + f"; full output: {log}"
+    )
+    return 1 if bad else 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from clusterbake import jobs, sweep
+
+    config = _load(args)
+    _, available = jobs.partition_nodes(config, args.partition)
+    sizes = sweep.parse_sizes(args.nodes, available)
+    logs = StateDir.for_config(config).cluster(config.cluster_name).logs
+    out = Path(args.out) if args.out else logs / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    script = " ".join(args.extra) if args.extra else "examples/deepspeed/train.py"
+    points = sweep.run(config, sizes, out, script_args=args.extra or None, partition=args.partition, steps=args.steps)
+    print(sweep.write(points, out, config.provider, f"{config.cluster_name}: {script}"))
+    print(f"written: {out}/sweep.txt, sweep.json and sweep.png")
+    return 0 if all(p.tokens_per_s for p in points) else 1
+
+
+_FATAL = re.compile(
+    r"^(?:fatal: \[(?P<host>[^\]]+)\]: FAILED! => |failed: \[(?P<item_host>[^\]]+)\] \(item=.*?\) => )"
+    r"(?P<result>\{.*\})$"
+)
+
+
+def failure_messages(lines: list[str]) -> list[str]:
+    """The messages of the tasks that failed in an ansible-playbook output (`fatal: [head]: FAILED! =>
+    {"msg": ...}`): an ops playbook says there why it stopped."""
+    messages = []
+    for line in lines:
+        match = _FATAL.match(line)
+        if not match:
+            continue
+        try:
+            result = json.loads(match["result"])
+        except ValueError:
+            continue
+        message = result.get("msg") or result.get("stderr") or "failed"
+        messages.append(f"{match['host'] or match['item_host']}: {' '.join(str(message).split())}")
+    return messages
+
+
+def ops_playbooks() -> list[str]:
+    from clusterbake.paths import repo_root
+
+    return sorted(p.stem for p in (repo_root() / "ansible" / "ops").glob("*.yml"))
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from clusterbake.ansible import ansible_env, run_playbook
+    from clusterbake.cluster import INVENTORY_SCRIPTS
+    from clusterbake.paths import repo_root
+
+    playbooks = ops_playbooks()
+    if args.playbook not in playbooks:
+        raise ConfigError(f"ops: no playbook {args.playbook!r}; there are: {', '.join(playbooks)}")
+    config = _load(args)
+    state = StateDir.for_config(config)
+    log_file = state.cluster(config.cluster_name).logs / f"ops-{args.playbook}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    say(f"    log: {log_file}")
+    variables = {}
+    for pair in args.extra_vars:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"ops -e {pair!r}: give KEY=VALUE, e.g. -e nodes=cpu-[1-2]")
+        variables[key] = value
+    # One JSON document: a value keeps its spaces (`-e "reason=disk errors"`), which Ansible's own
+    # key=value parsing would split.
+    extra = ["-e", json.dumps(variables)] + (["--check", "--diff"] if args.check else [])
+    try:
+        result = run_playbook(
+            f"ops/{args.playbook}.yml",
+            repo_root() / "inventories" / INVENTORY_SCRIPTS[config.provider],
+            log_file,
+            ansible_env(_config_path(args), state.root),
+            extra,
+        )
+    except CommandFailed as exc:
+        reasons = failure_messages(log_file.read_text().splitlines())
+        if not reasons:
+            raise
+        raise CommandFailed(f"ops {args.playbook}: {'; '.join(reasons)}\nfull log: {log_file}", exc.log_file) from None
+    print(f"ops {args.playbook}: {result.ok} ok, {result.changed} changed" + (" (check mode)" if args.check else ""))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from clusterbake import doctor
+
+    config = _load(args)
+    findings = doctor.diagnose(config, get_provider(config))
+    for finding in findings:
+        print(finding.line())
+    failed = [f for f in findings if f.status == doctor.FAIL]
+    print(f"{len(failed)} problem(s) found" if failed else "no problem found")
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from clusterbake import report
+    from clusterbake.prometheus import Prometheus
+
+    config = _load(args)
+    if not config.monitoring.enabled:
+        raise ConfigError(
+            f"report: monitoring.enabled is false in {_config_path(args)}: the head runs no Prometheus; "
+            "set it to true (the default) and run `clusterbake cluster up`"
+        )
+    provider = get_provider(config)
+    logs = provider.cluster.logs
+    out = Path(args.out) if args.out else logs / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
+    text = report.report(
+        Prometheus(provider.endpoint("head")),
+        out,
+        since=args.since,
+        until=args.until,
+        scrape_interval=config.monitoring.scrape_interval,
+        cluster=config.cluster_name,
+        provider=config.provider,
+    )
+    print(text)
+    print(f"written: {out}/report.png, report.json and report.txt")
+    return 0
+
+
 def cmd_node(args: argparse.Namespace) -> int:
     provider = get_provider(_load(args))
+    if args.action == "replace":
+        from clusterbake.replace import replace
+
+        image = replace(provider, args.names, newest=args.image == "newest", force=args.force)
+        print(f"node {', '.join(args.names)}: replaced, on {cluster.image_name(image)}")
+        return 0
+    if len(args.names) != 1:
+        raise ConfigError(f"node {args.action}: give one node, not {len(args.names)}")
+    name = args.names[0]
+    if args.action == "interrupt":
+        provider.interrupt_node(name, args.seconds)
+        print(f"node {name}: reclaimed")
+        return 0
     if args.action == "stop":
-        provider.stop_node(args.name)
+        provider.stop_node(name)
     else:
-        provider.start_node(args.name)
-    print(f"node {args.name}: {'stopped' if args.action == 'stop' else 'running'}")
+        provider.start_node(name)
+    print(f"node {name}: {'stopped' if args.action == 'stop' else 'running'}")
     return 0
 
 
@@ -176,7 +367,7 @@ def cmd_job_submit(args: argparse.Namespace) -> int:
     print(f"submitted job {job_id} (output: {output})", flush=True)
     if not args.wait:
         return 0
-    final = jobs.follow(head, job_id, output)
+    final = jobs.follow(head, job_id, output, raw=args.raw)
     _, text, mismatch = jobs.report(head, job_id)
     print(f"--- job {job_id}: {final.state}, exit status {final.exit_code}")
     print(text)
@@ -217,11 +408,22 @@ def cmd_twin(args: argparse.Namespace) -> int:
     return 0
 
 
+CONFIG_HELP = f"cluster config file (default: $CLUSTERBAKE_CONFIG or {DEFAULT_CONFIG})"
+
+
+def _config_after_subcommands(parser: argparse.ArgumentParser) -> None:
+    """-c/--config accepted after any subcommand too (`clusterbake validate --config FILE`); given
+    there, it wins over one given before the subcommand."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.add_argument("-c", "--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
+                _config_after_subcommands(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clusterbake", description=__doc__)
-    parser.add_argument(
-        "-c", "--config", help=f"cluster config file (default: $CLUSTERBAKE_CONFIG or {DEFAULT_CONFIG})"
-    )
+    parser.add_argument("-c", "--config", help=CONFIG_HELP)
     sub = parser.add_subparsers(dest="command_name", required=True)
 
     sub.add_parser("validate", help="check the config file and exit").set_defaults(func=cmd_validate)
@@ -230,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     build = image.add_parser("build", help="bake the node image with packer (reused when inputs are unchanged)")
     build.add_argument("--force", action="store_true", help="rebuild even if an image for these inputs exists")
     build.set_defaults(func=cmd_image_build)
+    image.add_parser(
+        "use",
+        help="make the newest image built the cluster's: new, replaced and powered-up nodes boot it "
+        "(running ones keep theirs; ops image_update moves them)",
+    ).set_defaults(func=cmd_image_use)
 
     clus = sub.add_parser("cluster", help="cluster lifecycle").add_subparsers(dest="cluster_command", required=True)
     up = clus.add_parser("up", help="create or update the cluster; idempotent")
@@ -246,6 +453,11 @@ def build_parser() -> argparse.ArgumentParser:
     clus.add_parser(
         "down", help="remove every node and all cluster state, then say what still bills (exit 1: something does)"
     ).set_defaults(func=cmd_cluster_down)
+    clus.add_parser(
+        "publish",
+        help="after ansible/cluster.yml ran outside `cluster up` (ops playbooks): hand the join bundles to the "
+        "nodes and record the configure as applied",
+    ).set_defaults(func=cmd_cluster_publish)
 
     ssh = sub.add_parser("ssh", help="run a command on a node (head answers to `head`)")
     ssh.add_argument("node")
@@ -269,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPUs asked per node (default: all of the partition's smallest node, as Slurm knows them; 0: none)",
     )
     submit.add_argument("--wait", action="store_true", help="stream the output; exit with the job's status")
+    submit.add_argument(
+        "--raw", action="store_true", help="with --wait: the training's event lines as JSON, not as progress lines"
+    )
     submit.epilog = "Arguments after -- go to the template (e.g. the training script and its flags)."
     submit.set_defaults(func=cmd_job_submit)
     rep = job.add_parser("report", help="training summary and the transport the job really used")
@@ -289,10 +504,65 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("cloud", choices=["aws", "azure"])
         command.set_defaults(func=cmd_twin)
 
-    node = sub.add_parser("node", help="stop or start one node")
-    node.add_argument("action", choices=["start", "stop"])
-    node.add_argument("name")
+    fan = sub.add_parser("exec", help="a command on many nodes at once: a table of exit status and first line")
+    which = fan.add_mutually_exclusive_group()
+    which.add_argument("--group", help="the nodes of this node group (`head`: the head); default: every node")
+    which.add_argument("--nodes", metavar="HOSTLIST", help="these nodes, e.g. 'cpu-[1-4],head'")
+    fan.add_argument("--timeout", type=float, default=120, help="seconds per node (default 120)")
+    fan.add_argument(
+        "--stdin", metavar="FILE", help="give every node's command FILE on its standard input (never logged)"
+    )
+    fan.epilog = "The command goes after -- (one shell command line, as with ssh)."
+    fan.set_defaults(func=cmd_exec)
+
+    sw = sub.add_parser("sweep", help="train at several node counts: tokens/s, efficiency (under 70%% flagged), a plot")
+    sw.add_argument("--nodes", default="1,2,4,8", help="node counts, e.g. 1,2,4,8 (default)")
+    sw.add_argument("--partition", help="default: the default partition")
+    sw.add_argument("--steps", type=int, default=20, help="steps of the example at each size (default 20)")
+    sw.add_argument("--out", help="directory for sweep.txt/.json/.png (default: the cluster's logs)")
+    sw.epilog = "After --: the training script and its arguments, as for `job submit deepspeed` (default: the example)."
+    sw.set_defaults(func=cmd_sweep)
+
+    names = ", ".join(ops_playbooks())
+    ops = sub.add_parser("ops", help=f"run an ops playbook of ansible/ops on the live cluster ({names})")
+    ops.add_argument("playbook", help=f"its name: {names} (ansible/ops/README.md says what each does)")
+    ops.add_argument("-e", dest="extra_vars", action="append", default=[], metavar="KEY=VALUE", help="its variables")
+    ops.add_argument("--check", action="store_true", help="say what would change, change nothing")
+    ops.set_defaults(func=cmd_ops)
+
+    sub.add_parser(
+        "doctor", help="host prerequisites, nodes, Slurm daemons, munge, mounts and fabric, each problem with a fix"
+    ).set_defaults(func=cmd_doctor)
+
+    rep = sub.add_parser("report", help="plots of nodes, jobs and utilisation over a period (the head's Prometheus)")
+    rep.add_argument("--since", default="1h", help="start: a duration ago (30m, 6h, 7d) or a date/time (default 1h)")
+    rep.add_argument("--until", default="now", help="end: `now` (default), a duration ago or a date/time")
+    rep.add_argument("--out", help="directory for report.png, report.json, report.txt (default: the cluster's logs)")
+    rep.set_defaults(func=cmd_report)
+
+    node = sub.add_parser(
+        "node", help="stop, start or replace nodes, or rehearse a spot reclaim (interrupt: a notice, then it goes)"
+    )
+    node.add_argument("action", choices=["start", "stop", "replace", "interrupt"])
+    node.add_argument("names", nargs="+", metavar="NAME", help="the node (replace: one or more compute nodes)")
+    node.add_argument(
+        "--image",
+        choices=["current", "newest"],
+        default="current",
+        help="replace: a new disk from the cluster's image (current) or the newest built (it becomes the cluster's)",
+    )
+    node.add_argument(
+        "--force", action="store_true", help="replace: even when Slurm does not show the node drained and idle"
+    )
+    node.add_argument(
+        "--in", dest="seconds", type=int, default=120, help="interrupt: seconds from the notice to the reclaim"
+    )
+    node.epilog = (
+        "replace gives each node a new disk (an instance) and boots it; it joins by itself. It refuses a node "
+        "that is not drained and idle in Slurm: `clusterbake ops replace -e node=NAME` drains it and waits first."
+    )
     node.set_defaults(func=cmd_node)
+    _config_after_subcommands(parser)
     return parser
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from clusterbake import applied, remote
 from clusterbake.ansible import ansible_env, run_playbook
-from clusterbake.config import ClusterConfig, extra_ca_files
+from clusterbake.config import ClusterConfig, check_accounting_files, extra_ca_files
 from clusterbake.errors import ClusterbakeError
 from clusterbake.paths import repo_root
 from clusterbake.progress import phase, say
@@ -32,6 +32,7 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
     summary: dict = {"cluster": config.cluster_name}
     provider.validate()
     extra_ca_files(config)  # unresolvable globs are input errors, found before anything is created
+    check_accounting_files(config)
     image = provider.find_image()
     created = not provider.cluster.exists()
     with phase(f"provision {len(provider.nodes)} nodes ({config.provider})"):
@@ -40,7 +41,7 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
         except BaseException:
             if created and provider.destroy_after_failed_first_provision:
                 say("    provisioning failed: removing what this run created")
-                provider.destroy()
+                provider.rollback()
             raise
     summary["nodes"] = len(provider.nodes)
     if provision_only:
@@ -73,9 +74,7 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
             )
             say(f"    {result.ok} ok, {result.changed} changed on {len(result.recap)} nodes")
             changed = result.changed
-        provider.after_configure()
-        if needed:
-            applied.write_record(provider.cluster.root, inputs, applied.head_state(head))
+        finish_configure(provider, inputs if needed else None)
     summary["changed"] = changed
     summary["played"] = needed
     with phase("wait for compute nodes to be idle in Slurm"):
@@ -83,6 +82,25 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
         say("    " + ", ".join(f"{n}={s}" for n, s in sorted(states.items())))
     summary["slurm"] = states
     return summary
+
+
+def finish_configure(provider: Provider, inputs: str | None) -> list[str]:
+    """After ansible/cluster.yml: the nodes get their group's new join bundle (local: running nodes
+    whose bundle differs; clouds: the secret store, then the running nodes fetch it) and, when the
+    play ran (`inputs`: the digest of what it applied), the record a next `cluster up` compares with."""
+    changes = provider.after_configure()
+    if inputs is not None:
+        applied.write_record(provider.cluster.root, inputs, applied.head_state(provider.endpoint("head")))
+    return changes
+
+
+def publish(config: ClusterConfig) -> list[str]:
+    """`cluster publish`: what `cluster up` does after its play, for the ops playbooks that import
+    ansible/cluster.yml (the same play, so its inputs are the ones it applied)."""
+    provider = get_provider(config)
+    with phase("hand the join bundles to the nodes"):
+        inputs = applied.inputs_digest(config, provider.inventory(), provider.cluster.root / "secrets")
+        return finish_configure(provider, inputs)
 
 
 def slurm_node_states(provider: Provider) -> dict[str, str]:
@@ -126,10 +144,16 @@ def status(config: ClusterConfig) -> dict:
         except ClusterbakeError as exc:  # remote.RemoteError included
             slurm = {"error": str(exc)}
     state = provider.cluster.read_state()
+    try:
+        newest = str(provider.find_image())
+    except ClusterbakeError:  # none built yet: nothing newer to move to
+        newest = None
     return {
         "cluster": config.cluster_name,
         "provider": config.provider,
-        "image": Path(state["image"]).name if state.get("image") else None,
+        "image": image_name(state["image"]) if state.get("image") else None,
+        # What `cluster up` boots a new cluster from, and `ops image_update` moves nodes to.
+        "newest_image": image_name(newest) if newest else None,
         "nodes": [
             {
                 "name": n.name,
@@ -137,7 +161,9 @@ def status(config: ClusterConfig) -> dict:
                 "nodegroup": n.nodegroup,
                 "address": n.address,
                 "state": n.state,
+                "image": n.image,
                 "slurm_state": slurm.get(n.name),
+                "detail": n.detail,
             }
             for n in nodes
         ],
@@ -145,6 +171,11 @@ def status(config: ClusterConfig) -> dict:
         "summary": node_counts(nodes, slurm),
         "cost": cost.to_json() if (cost := provider.cost()) is not None else None,
     }
+
+
+def image_name(image: str) -> str:
+    """A local image's directory name; a cloud image id as it is."""
+    return Path(image).name if image.startswith("/") and "/providers/" not in image else image
 
 
 def node_counts(nodes: list[NodeStatus], slurm: dict[str, str]) -> dict[str, int]:

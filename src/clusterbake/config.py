@@ -277,13 +277,13 @@ class NodeGroup(NodeSize):
         description="aws: a cluster placement group for the group; default: true when efa (EFA needs one). "
         "azure: a proximity placement group for the group; default: true.",
     )
-    instance_types: list[Annotated[str, Field(pattern=AWS_INSTANCE_TYPE_PATTERN)]] | None = Field(
+    instance_types: list[Annotated[str, Field(pattern=INSTANCE_TYPE_PATTERN)]] | None = Field(
         None,
         min_length=1,
-        description="aws: instead of instance_type, instance types in order of preference. The first is the "
-        "primary: the Slurm spec and `cluster up` use it; when EC2 has no capacity for it (or for the ones "
-        "before), a node Slurm powers up is launched as the next one (elastic groups). Each other type must "
-        "have the primary's vCPUs and at least its memory and GPUs.",
+        description="Clouds: instead of instance_type, instance types (aws) or VM sizes (azure) in order of "
+        "preference. The first is the primary: the Slurm spec and `cluster up` use it; when the cloud has no "
+        "capacity for it (or for the ones before), a node Slurm powers up is launched as the next one (elastic "
+        "groups). Each other one must have the primary's vCPUs and at least its memory and GPUs.",
     )
 
     @model_validator(mode="before")
@@ -366,6 +366,13 @@ class Partition(Strict):
         return value
 
 
+# An Azure subnet by resource id (azure.subnet_id, an AMLFS file system's subnet).
+SUBNET_ID_PATTERN = (
+    r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]+/providers/Microsoft\.Network/"
+    r"virtualNetworks/[A-Za-z0-9_.-]+/subnets/[A-Za-z0-9_.-]+$"
+)
+
+
 class StorageBase(Strict):
     name: Name = Field(description="Names the host directory (local) or the file system (clouds, in its tags).")
     mount_point: str = Field(description="Absolute path on every node (/home included on clouds).")
@@ -383,7 +390,7 @@ class HostDirStorage(StorageBase):
 
 
 class NfsStorage(StorageBase):
-    type: Literal["nfs"] = Field(description="aws: exported by the head node from its own disk over NFS.")
+    type: Literal["nfs"] = Field(description="aws, azure: exported by the head node from its own disk over NFS.")
 
 
 FILE_SYSTEM_ID_PATTERN = r"^fs-[0-9a-f]{8,17}$"
@@ -437,6 +444,153 @@ class FsxLustreStorage(StorageBase):
         return self
 
 
+class AzureFilesStorage(StorageBase):
+    type: Literal["azure_files"] = Field(
+        description="azure: an NFS 4.1 Azure file share (premium FileStorage account, reached through the subnet's "
+        "Microsoft.Storage service endpoint)."
+    )
+    storage_account: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]{3,24}$",
+        description="Put the share in this existing FileStorage account (the account is never created or deleted by "
+        "clusterbake, nor its shares); default: one account per cluster, created and deleted with it.",
+    )
+    quota_gib: int = Field(
+        100, ge=100, le=102400, description="Provisioned size of the share in GiB (premium shares: 100 to 102400)."
+    )
+    retain: bool = Field(False, description="Keep the storage account (and the share's data) on `cluster down`.")
+
+
+def zone_as_text(data):
+    """`zone: 1` in YAML is an int: Azure's zones are strings ("1")."""
+    if isinstance(data, dict) and isinstance(data.get("zone"), int) and not isinstance(data["zone"], bool):
+        return {**data, "zone": str(data["zone"])}
+    return data
+
+
+# Azure Managed Lustre SKUs: the smallest file system and the step of its size, in TiB (Microsoft's
+# "Create an Azure Managed Lustre file system using Azure Resource Manager templates", SKU table).
+AMLFS_SKUS = {
+    "AMLFS-Durable-Premium-40": 48,
+    "AMLFS-Durable-Premium-125": 16,
+    "AMLFS-Durable-Premium-250": 8,
+    "AMLFS-Durable-Premium-500": 4,
+}
+AMLFS_CREATE_KEYS = ("sku", "storage_capacity_tib", "subnet_id", "zone", "maintenance_day", "maintenance_time_utc")
+WEEKDAYS = Literal["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+
+
+class AmlfsStorage(StorageBase):
+    type: Literal["amlfs"] = Field(
+        description="azure: an Azure Managed Lustre file system (LNet over TCP), created by clusterbake or existing "
+        "(mgs_address)."
+    )
+    mgs_address: str | None = Field(
+        None,
+        pattern=r"^(25[0-5]|2[0-4]\d|1?\d?\d)(\.(25[0-5]|2[0-4]\d|1?\d?\d)){3}$",
+        description='Use this existing file system: its MGS address (the portal\'s "Client connection"; never '
+        "created or deleted by clusterbake); default: create one.",
+    )
+    fs_name: str = Field(
+        "lustrefs", pattern=r"^[A-Za-z0-9_]{1,8}$", description="Lustre file system name (AMLFS's is lustrefs)."
+    )
+    sku: Literal[tuple(AMLFS_SKUS)] = Field(  # type: ignore[valid-type]
+        "AMLFS-Durable-Premium-500", description="A created file system's SKU (throughput per TiB: 40 to 500 MB/s)."
+    )
+    storage_capacity_tib: int = Field(
+        4,
+        ge=4,
+        description="A created file system's size in TiB: the SKU's minimum or a multiple of it (500: 4, "
+        "250: 8, 125: 16, 40: 48).",
+    )
+    subnet_id: str | None = Field(
+        None,
+        pattern=SUBNET_ID_PATTERN,
+        description="Subnet of a created file system (Microsoft recommends one of its own, sized for the file "
+        "system); default: the cluster's subnet.",
+    )
+    zone: Literal["1", "2", "3"] | None = Field(
+        None, description="Availability zone of a created file system (AMLFS needs one); default: azure.zone."
+    )
+    maintenance_day: WEEKDAYS = Field("Sunday", description="Day of the weekly 30-minute maintenance window.")
+    maintenance_time_utc: str = Field(
+        "22:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$", description="Start of the maintenance window, HH:MM UTC."
+    )
+    retain: bool = Field(False, description="Keep a created file system (and its data) on `cluster down`.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zone_as_text(cls, data):
+        return zone_as_text(data)
+
+    @model_validator(mode="after")
+    def _existing_or_created(self) -> AmlfsStorage:
+        if self.mgs_address is not None:
+            given = [k for k in (*AMLFS_CREATE_KEYS, "retain") if k in self.model_fields_set]
+            if given:
+                raise ValueError(
+                    f"{given[0]}: only for a file system clusterbake creates; remove it (mgs_address names an "
+                    "existing one)"
+                )
+            return self
+        step = AMLFS_SKUS[self.sku]
+        if self.storage_capacity_tib < step or self.storage_capacity_tib % step:
+            raise ValueError(
+                f"storage_capacity_tib: {self.sku} is sold in steps of {step} TiB from {step} TiB, not "
+                f"{self.storage_capacity_tib}"
+            )
+        return self
+
+
+# Container names: 3-63 lowercase letters, digits and hyphens, no hyphen first, last or twice in a row.
+BLOB_CONTAINER_PATTERN = r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$"
+
+
+def is_container_name(value: str) -> bool:
+    return bool(re.fullmatch(BLOB_CONTAINER_PATTERN, value)) and "--" not in value
+
+
+class AzureBlobStorage(StorageBase):
+    type: Literal["azure_blob"] = Field(
+        description="azure: a Blob Storage container mounted with blobfuse2 on every node, read with the nodes' "
+        "managed identity (granted a Storage Blob Data role on the container)."
+    )
+    container: str | None = Field(
+        None,
+        pattern=BLOB_CONTAINER_PATTERN,
+        description="Container name (3-63 lowercase letters, digits, single hyphens); default: the entry's name.",
+    )
+    storage_account: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]{3,24}$",
+        description="Use this existing storage account, in azure.resource_group, and its existing container "
+        "(neither is created, changed or deleted by clusterbake); default: one StorageV2 account per cluster, "
+        "created and deleted with it.",
+    )
+    read_only: bool = Field(
+        False, description="Mount read-only; the nodes get Storage Blob Data Reader instead of Contributor."
+    )
+    cache_size_mb: int = Field(10240, ge=1, description="blobfuse2's file cache per node, on the local disk.")
+    retain: bool = Field(
+        False, description="Keep the cluster's own account (and the container's data) on `cluster down`."
+    )
+
+    @property
+    def container_name(self) -> str:
+        return self.container or self.name
+
+    @model_validator(mode="after")
+    def _container(self) -> AzureBlobStorage:
+        if not is_container_name(self.container_name):
+            raise ValueError(
+                f"container: '{self.container_name}' is not a container name (3-63 lowercase letters, digits and "
+                "single hyphens); give container"
+            )
+        if self.storage_account and self.retain:
+            raise ValueError("retain: only for the cluster's own account; an existing one is never deleted")
+        return self
+
+
 def _storage_type(value) -> str:
     if isinstance(value, dict):
         return value.get("type", "hostdir")
@@ -447,11 +601,18 @@ StorageMount = Annotated[
     Annotated[HostDirStorage, Tag("hostdir")]
     | Annotated[NfsStorage, Tag("nfs")]
     | Annotated[EfsStorage, Tag("efs")]
-    | Annotated[FsxLustreStorage, Tag("fsx_lustre")],
+    | Annotated[FsxLustreStorage, Tag("fsx_lustre")]
+    | Annotated[AzureFilesStorage, Tag("azure_files")]
+    | Annotated[AmlfsStorage, Tag("amlfs")]
+    | Annotated[AzureBlobStorage, Tag("azure_blob")],
     Discriminator(_storage_type),
 ]
-STORAGE_TAGS = ("hostdir", "nfs", "efs", "fsx_lustre")
-STORAGE_TYPES = {"local": ("hostdir",), "aws": ("nfs", "efs", "fsx_lustre"), "azure": ("nfs",)}
+STORAGE_TAGS = ("hostdir", "nfs", "efs", "fsx_lustre", "azure_files", "amlfs", "azure_blob")
+STORAGE_TYPES = {
+    "local": ("hostdir",),
+    "aws": ("nfs", "efs", "fsx_lustre"),
+    "azure": ("nfs", "azure_files", "amlfs", "azure_blob"),
+}
 # Where shared storage lands when the config says nothing (defaults in one place).
 DEFAULT_STORAGE_TYPE = {"local": "hostdir", "aws": "nfs", "azure": "nfs"}
 
@@ -463,6 +624,101 @@ class User(Strict):
     shell: str = Field("/bin/bash", description="Login shell.")
     sudo: bool = Field(False, description="Passwordless sudo on every node.")
     ssh_authorized_keys: list[str] = Field(default_factory=list, description="Public keys for SSH to the head.")
+    account: str | None = Field(
+        None,
+        description="Slurm account of the user's jobs (accounting.accounts); default: the first account.",
+    )
+
+
+# Slurm's database keeps names in lower case (sacctmgr(1)): account names are lower case already.
+ACCOUNT_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
+# The account users belong to when accounting.accounts lists none.
+DEFAULT_ACCOUNT = "general"
+# slurmdbd.conf(5): "The '#' character is not permitted in a password"; no blanks or quotes either,
+# so that the password is one plain token in slurmdbd.conf and SQL.
+DB_PASSWORD_PATTERN = r"^[^\s#'\"\\]{8,128}$"
+
+
+class Account(Strict):
+    """A Slurm account (sacctmgr add account): a bank the users' jobs are charged to."""
+
+    name: str = Field(pattern=ACCOUNT_NAME_PATTERN, description="Account name (lower case).")
+    description: str = Field("", max_length=100, description="What the account is for.")
+    fairshare: int = Field(
+        1, ge=1, le=1000000, description="Its share of the cluster against the other accounts (sacctmgr Fairshare)."
+    )
+
+
+class AccountingDatabase(Strict):
+    """accounting.database: an existing MySQL or MariaDB server (Amazon RDS, Azure Database for MySQL) instead
+    of MariaDB on the head. slurmdbd still runs on the head; clusterbake never creates or deletes this server."""
+
+    host: str = Field(
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$",
+        description="Endpoint of the server, e.g. mydb.abc123.us-east-1.rds.amazonaws.com or "
+        "mydb.mysql.database.azure.com; the head must reach it.",
+    )
+    port: int = Field(3306, ge=1, le=65535, description="Its port.")
+    name: str = Field(
+        "slurm_acct_db", pattern=r"^[A-Za-z0-9_]{1,64}$", description="Database slurmdbd uses (StorageLoc)."
+    )
+    user: str = Field(
+        "slurm",
+        pattern=r"^[A-Za-z0-9_.@-]{1,80}$",
+        description="Database user (StorageUser), allowed to create the database or all privileges on it.",
+    )
+    password_file: str = Field(
+        description="File on this machine with the user's password (one line, no '#', blanks or quotes; keep it "
+        "0600): never the password itself in this file."
+    )
+    ca_file: str | None = Field(
+        None,
+        description="PEM CA bundle on this machine to verify the server's TLS certificate (RDS: the region's bundle, "
+        "Azure: DigiCert Global Root G2); default: no TLS.",
+    )
+
+
+class AccountingConfig(Strict):
+    """Slurm accounting: slurmdbd on the head, every job in its database (sacct), users and accounts from this
+    file (sacctmgr), fair-share scheduling."""
+
+    enabled: bool = Field(
+        True,
+        description="slurmdbd on the head with MariaDB (or `database`), jobs recorded with their GPUs "
+        "(AccountingStorageTRES=gres/gpu), fair-share priorities (what it costs at bring-up: "
+        "`bench/bringup.py --without accounting`).",
+    )
+    database: AccountingDatabase | None = Field(
+        None, description="An external MySQL/MariaDB server; default: MariaDB on the head (its disk keeps the data)."
+    )
+    accounts: list[Account] = Field(
+        default_factory=list,
+        description=f"Slurm accounts; default: one, {DEFAULT_ACCOUNT}. Accounts and users are added, never removed "
+        "(their history stays).",
+    )
+    enforce_associations: bool = Field(
+        True,
+        description="AccountingStorageEnforce=associations: only users in `users` (and root) can run jobs, so every "
+        "job counts against its account's fair share.",
+    )
+    fairshare_weight: int = Field(
+        10000, ge=0, description="PriorityWeightFairshare: how much fair share weighs in a job's priority."
+    )
+    age_weight: int = Field(1000, ge=0, description="PriorityWeightAge: how much waiting time weighs.")
+    decay_half_life: str = Field(
+        "7-0",
+        pattern=r"^(\d+-)?\d+(:\d{2}){0,2}$",
+        description="PriorityDecayHalfLife: after this long past usage counts half (days-hours, or minutes).",
+    )
+    innodb_buffer_pool_mb: int | None = Field(
+        None,
+        ge=16,
+        description="MariaDB on the head: innodb_buffer_pool_size in MiB. Default: 10% of the head's memory, from "
+        "128 to 4096 (SchedMD: 5 to 50 percent of the memory).",
+    )
+
+    def effective_accounts(self) -> list[Account]:
+        return list(self.accounts) or [Account(name=DEFAULT_ACCOUNT, description="every user by default")]
 
 
 # Plugin choices that work in each environment, by provider ("cloud": every cloud provider)
@@ -521,9 +777,123 @@ class PowerConfig(Strict):
     )
 
 
+# NVIDIA Xid codes after which a GPU needs a reset or service (NVIDIA's Xid catalog,
+# docs.nvidia.com/deploy/xid-errors, "Resolution Bucket" RESET_GPU / RESTART_BM / CONTACT_SUPPORT):
+# double-bit ECC (48), row remapping and page retirement (63, 64), NVLink (74), fallen off the
+# bus (79), high single-bit ECC rate (92), contained and uncontained ECC (94, 95), GSP timeouts
+# (119, 120), reset required (154).
+DEFAULT_FATAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
+
+
+class HealthConfig(Strict):
+    """Health checks of the compute nodes (role node_health): a failing check drains the node."""
+
+    interval: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description="Seconds between checks of every compute node (Slurm's HealthCheckInterval; the node's own "
+        "timer runs them too, since Slurm cannot reach a node whose munge is down); they also run when slurmd "
+        "starts, before the node registers. 0: no health checks.",
+    )
+    disk_paths: list[str] = Field(
+        default_factory=lambda: ["/", "/tmp"], description="File systems whose free space is checked."
+    )
+    disk_min_free_mb: int = Field(1024, ge=0, description="MiB each of disk_paths must have free.")
+    memory_min_available_mb: int = Field(512, ge=0, description="MiB of MemAvailable a node must have.")
+    max_restarts: int = Field(
+        3, ge=1, description="munge or slurmd restarted by systemd this many times within restart_window: drained."
+    )
+    restart_window: int = Field(600, ge=60, description="Seconds over which daemon restarts are counted.")
+    fatal_xids: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_FATAL_XIDS),
+        description="GPU nodes: NVIDIA Xid codes in the kernel log since boot that drain the node.",
+    )
+    dcgm_diag_level: Literal[0, 1, 2, 3] = Field(
+        1, description="GPU jobs' prolog on nodes with DCGM: `dcgmi diag -r LEVEL` before the job; 0: none."
+    )
+    dcgm_diag_timeout: int = Field(
+        90, ge=10, le=600, description="Seconds the prolog's DCGM diagnostic may take before it counts as failed."
+    )
+
+    @field_validator("disk_paths")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.startswith("/"):
+                raise ValueError(f"'{path}' is not an absolute path")
+        return value
+
+
+class RecoveryConfig(Strict):
+    """What happens after a node is lost (a dead machine, a reclaimed spot instance)."""
+
+    requeue_delay: int = Field(
+        120,
+        ge=30,
+        le=1200,
+        description="Seconds a requeued job waits before it can start again (Slurm's AuthInfo cred_expire; it "
+        "must also cover a job step's launch, prolog included).",
+    )
+    replace_lost_nodes: bool = Field(
+        True,
+        description="A static node whose machine is gone is set DOWN at once (its jobs requeued) and started "
+        "again (clouds: replaced) by the head's reconcile loop.",
+    )
+    reconcile_interval: int = Field(30, ge=5, le=600, description="Seconds between the reconcile loop's passes.")
+
+
+class CheckpointsConfig(Strict):
+    """Durable copies of the job templates' checkpoints (scripts/jobs/checkpoint-copy)."""
+
+    copy_to: str | None = Field(
+        None,
+        pattern=r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?|/[^\s]*)$",
+        description="Where each checkpoint is copied after it is written, and restored from when the checkpoint "
+        "directory has none (shared storage lost): s3://bucket/prefix (aws: the node role may read and write "
+        "there; the bucket must exist), or a directory on the nodes where a bucket or container is mounted "
+        "(Mountpoint for S3, blobfuse2). Each job's copies go under <copy_to>/<job name>.",
+    )
+
+
+# Where the monitoring daemons listen (one place: the inventory hands them to the roles, and
+# `clusterbake report` reaches Prometheus there through the head's SSH connection).
+MONITORING_PORTS = {"prometheus": 9090, "node_exporter": 9100, "slurm_exporter": 9341, "dcgm_exporter": 9400}
+
+
+class MonitoringConfig(Strict):
+    """Prometheus on the head, node exporter on every node, a Slurm exporter on the head and dcgm-exporter on
+    GPU nodes; `clusterbake report` plots what they recorded."""
+
+    enabled: bool = Field(
+        True,
+        description="Prometheus and the Slurm exporter on the head, node exporter on every node (what it costs at "
+        "bring-up: `bench/bringup.py --without monitoring`).",
+    )
+    node_exporter: bool = Field(
+        True, description="Node exporter on every node (CPU, memory, disks, network of each machine)."
+    )
+    dcgm_exporter: bool = Field(
+        True, description="dcgm-exporter on GPU nodes with DCGM (the dcgm feature group; not placeholder GPUs)."
+    )
+    scrape_interval: int = Field(15, ge=5, le=300, description="Seconds between two scrapes of every target.")
+    retention: str = Field(
+        "15d",
+        pattern=r"^\d+[smhdwy]$",
+        description="How long Prometheus keeps its data on the head's disk (--storage.tsdb.retention.time).",
+    )
+
+
 class LocalConfig(Strict):
     subnet: str = Field("10.77.0.0/24", description="Project bridge subnet; the host takes the first address.")
     state_dir: str = Field("/var/lib/clusterbake", description="Images, caches and cluster state.")
+    boot_timeout: int = Field(
+        60,
+        ge=5,
+        le=3600,
+        description="Seconds a started node has to answer SSH before `cluster up` fails (a first up is rolled back; "
+        "the failed nodes' console logs and journals are kept under the cluster's logs).",
+    )
 
     @field_validator("subnet")
     @classmethod
@@ -610,10 +980,6 @@ class AwsConfig(Strict):
 GUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 RESOURCE_GROUP_PATTERN = r"^[-\w.()]{0,89}[-\w()]$"
 AZURE_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,78}[A-Za-z0-9_])?$"
-SUBNET_ID_PATTERN = (
-    r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]+/providers/Microsoft\.Network/"
-    r"virtualNetworks/[A-Za-z0-9_.-]+/subnets/[A-Za-z0-9_.-]+$"
-)
 # Azure refuses these as a VM's admin user name (its documented list, case-insensitive).
 AZURE_RESERVED_USERS = frozenset(
     {
@@ -669,9 +1035,7 @@ class AzureConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _zone_as_text(cls, data):
-        if isinstance(data, dict) and isinstance(data.get("zone"), int) and not isinstance(data["zone"], bool):
-            return {**data, "zone": str(data["zone"])}
-        return data
+        return zone_as_text(data)
 
     @field_validator("ssh_cidrs")
     @classmethod
@@ -717,6 +1081,19 @@ class ClusterConfig(Strict):
     users: list[User] = Field(default_factory=list, description="Cluster users, same UID/GID on every node.")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="Per-environment Slurm plugin choices.")
     power: PowerConfig = Field(default_factory=PowerConfig, description="Power saving of elastic node groups.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Health checks of the compute nodes.")
+    recovery: RecoveryConfig = Field(
+        default_factory=RecoveryConfig, description="Lost nodes and requeued jobs (the reconcile loop)."
+    )
+    checkpoints: CheckpointsConfig = Field(
+        default_factory=CheckpointsConfig, description="Durable copies of the jobs' checkpoints."
+    )
+    accounting: AccountingConfig = Field(
+        default_factory=AccountingConfig, description="Slurm accounting (slurmdbd, sacct, fair share)."
+    )
+    monitoring: MonitoringConfig = Field(
+        default_factory=MonitoringConfig, description="Prometheus and its exporters; `clusterbake report`."
+    )
     local: LocalConfig = Field(default_factory=LocalConfig, description="Settings of the local provider.")
     aws: AwsConfig | None = Field(None, description="Settings of the aws provider (required with provider aws).")
     azure: AzureConfig | None = Field(
@@ -766,6 +1143,13 @@ class ClusterConfig(Strict):
                     "instances; remove it or set spot: false"
                 )
         self._check_storage()
+        copy_to = self.checkpoints.copy_to or ""
+        if copy_to.startswith("s3://") and self.provider != "aws":
+            raise ValueError(
+                f"checkpoints.copy_to: s3:// needs provider aws (its node role); on {self.provider} give a directory "
+                "where a bucket or container is mounted"
+            )
+        self._check_accounting()
         if self.provider == "aws":
             self._check_aws()
         elif self.provider == "azure":
@@ -816,12 +1200,15 @@ class ClusterConfig(Strict):
             for key, what in (
                 ("efa", "aws's EFA; Azure's fabric is InfiniBand: use infiniband"),
                 ("capacity_reservation_id", "aws capacity reservations"),
-                ("instance_types", "fallback instance types (aws only for now); give instance_type"),
             ):
                 if key in section.model_fields_set:
                     raise ValueError(f"{field}.{key}: {what}; remove it")
-            if section.elastic:
-                raise ValueError(f"{field}.max_count: elastic node groups are not supported on azure yet; use count: N")
+        for index, entry in enumerate(self.storage or []):
+            if isinstance(entry, AmlfsStorage) and entry.mgs_address is None and not (entry.zone or azure.zone):
+                raise ValueError(
+                    f"storage.{index}.zone: Azure Managed Lustre file systems live in one availability zone; set "
+                    "zone (or azure.zone) to 1, 2 or 3"
+                )
 
     def _cloud_sections(
         self,
@@ -858,6 +1245,9 @@ class ClusterConfig(Strict):
             for key, message in (foreign or {}).items():
                 if key in section.model_fields_set:
                     raise ValueError(f"{field}.{key}: {message}")
+            for index, value in enumerate(getattr(section, "instance_types", None) or []):
+                if not re.fullmatch(pattern, value):
+                    raise ValueError(f"{field}.instance_types.{index}: {value} is not {what}")
             for key in LOCAL_SIZING_KEYS:
                 if key in section.model_fields_set:
                     raise ValueError(
@@ -880,6 +1270,16 @@ class ClusterConfig(Strict):
                     f"or set image.base: {DEFAULT_IMAGE_BASE['aws']}"
                 )
 
+    def _check_accounting(self) -> None:
+        _unique("accounting.accounts", [a.name for a in self.accounting.accounts])
+        accounts = [a.name for a in self.accounting.effective_accounts()]
+        for index, user in enumerate(self.users):
+            if user.account is not None and user.account not in accounts:
+                raise ValueError(
+                    f"users.{index}.account: '{user.account}' is not an account (accounting.accounts: "
+                    f"{', '.join(accounts)}); add it there or remove users.{index}.account"
+                )
+
     def _check_storage(self) -> None:
         allowed = STORAGE_TYPES[self.provider]
         for index, mount in enumerate(self.storage or []):
@@ -894,7 +1294,7 @@ class ClusterConfig(Strict):
                     "provider; remove this entry"
                 )
 
-    def effective_storage(self) -> list[HostDirStorage | NfsStorage | EfsStorage | FsxLustreStorage]:
+    def effective_storage(self) -> list[StorageMount]:
         """Shared file systems of every node, /home first (a cloud cluster always shares it)."""
         kind = DEFAULT_STORAGE_TYPE[self.provider]
         by_type = {"hostdir": HostDirStorage, "nfs": NfsStorage}
@@ -945,6 +1345,30 @@ def extra_ca_files(config: ClusterConfig) -> list[str]:
             )
         files += [str(Path(m).resolve()) for m in matches]
     return files
+
+
+def check_accounting_files(config: ClusterConfig) -> None:
+    """accounting.database's files on this machine: a password slurmdbd can use, readable by no one else, and
+    the CA bundle. Read here, never printed; bad ones are input errors, found before anything is created."""
+    database = config.accounting.database if config.accounting.enabled else None
+    if database is None:
+        return
+    path = Path(database.password_file)
+    field = "accounting.database.password_file"
+    if not path.is_file():
+        raise ConfigError(f"{field}: {path} is not a file on this machine; write the database password there (0600)")
+    if path.stat().st_mode & 0o077:
+        raise ConfigError(f"{field}: {path} is readable by others; chmod 600 {path}")
+    lines = path.read_text().splitlines()
+    if len(lines) != 1 or not re.fullmatch(DB_PASSWORD_PATTERN, lines[0]):
+        raise ConfigError(
+            f"{field}: {path} must hold one line, the password: 8 to 128 characters without '#' (slurmdbd.conf(5) "
+            "does not allow it), blanks, quotes or backslashes; choose such a password for the database user"
+        )
+    if database.ca_file is not None:
+        ca = Path(database.ca_file)
+        if not ca.is_file() or "-----BEGIN CERTIFICATE-----" not in ca.read_text(errors="replace"):
+            raise ConfigError(f"accounting.database.ca_file: {ca} is not a PEM certificate file on this machine")
 
 
 def load_config(path: str | Path) -> ClusterConfig:

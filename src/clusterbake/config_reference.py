@@ -13,6 +13,9 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from clusterbake.config import (
+    AmlfsStorage,
+    AzureBlobStorage,
+    AzureFilesStorage,
     ClusterConfig,
     EfsStorage,
     FsxLustreStorage,
@@ -21,7 +24,15 @@ from clusterbake.config import (
     StorageMount,
 )
 
-STORAGE_MODELS = {"hostdir": HostDirStorage, "nfs": NfsStorage, "efs": EfsStorage, "fsx_lustre": FsxLustreStorage}
+STORAGE_MODELS = {
+    "hostdir": HostDirStorage,
+    "nfs": NfsStorage,
+    "efs": EfsStorage,
+    "fsx_lustre": FsxLustreStorage,
+    "azure_files": AzureFilesStorage,
+    "amlfs": AmlfsStorage,
+    "azure_blob": AzureBlobStorage,
+}
 
 
 def _type_name(annotation) -> str:

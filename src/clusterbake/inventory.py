@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clusterbake.config import ClusterConfig, extra_ca_files
+from clusterbake.config import MONITORING_PORTS, ClusterConfig, extra_ca_files
 from clusterbake.plan import NodeSpec
 
 
@@ -45,12 +45,29 @@ def cluster_vars(config: ClusterConfig) -> dict:
             **config.power.model_dump(),
             "idle_times": {g.name: g.idle_time for g in config.node_groups if g.elastic},
         },
+        # Health checks of the compute nodes (role node_health) and lost-node recovery.
+        "clusterbake_health": config.health.model_dump(),
+        "clusterbake_recovery": config.recovery.model_dump(),
+        "clusterbake_checkpoint_copy_to": config.checkpoints.copy_to or "",
+        "clusterbake_accounting": accounting_vars(config),
+        "clusterbake_monitoring": {**config.monitoring.model_dump(), "ports": MONITORING_PORTS},
         # The configure half keeps the same CAs the image was baked with.
         "clusterbake_extra_ca_certificates": extra_ca_files(config),
         "slurm_proctrack_type": plugins["proctrack_type"],
         "slurm_task_plugin": plugins["task_plugin"],
         "slurm_jobacct_gather_type": plugins["jobacct_gather_type"],
         "slurm_cgroup_enabled": plugins["proctrack_type"] == "proctrack/cgroup",
+    }
+
+
+def accounting_vars(config: ClusterConfig) -> dict:
+    """The accounting section as roles slurm and slurm_accounting read it: every user with its account."""
+    accounting = config.accounting
+    accounts = accounting.effective_accounts()
+    return {
+        **accounting.model_dump(exclude={"accounts"}),
+        "accounts": [a.model_dump() for a in accounts],
+        "users": [{"name": u.name, "account": u.account or accounts[0].name} for u in config.users],
     }
 
 

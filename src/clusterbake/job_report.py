@@ -83,6 +83,41 @@ def events(log: str) -> list[dict]:
     return found
 
 
+def progress_line(line: str) -> str:
+    """A job output line as a person reads it: the training's event lines (CLUSTERBAKE_EVENT {json})
+    as one short line each (step, loss, tokens/s; checkpoints; start and end); other lines as they are.
+    The job's log keeps the raw lines (`job report` reads them)."""
+    prefix, sep, payload = line.partition(EVENT_PREFIX)
+    if not sep:
+        return line
+    try:
+        event = json.loads(payload)
+    except json.JSONDecodeError:
+        return line
+    kind = event.get("event")
+    if kind == "step":
+        shown = f"step {event.get('step')}: loss {event.get('loss', float('nan')):.4f}"
+        if "tokens_per_s" in event:
+            shown += f", {event['tokens_per_s']:,.0f} tokens/s"
+        if "step_s" in event:
+            shown += f", {event['step_s']:.2f} s/step"
+    elif kind == "checkpoint":
+        shown = f"checkpoint at step {event.get('step')}: {event.get('path')} ({event.get('reason', '')})"
+    elif kind == "init":
+        hosts = ", ".join(event.get("hosts", []))
+        how = f"{event.get('backend')}, {event.get('device')}"
+        shown = f"training: world size {event.get('world_size')} on {hosts} ({how})"
+    elif kind == "done":
+        shown = (
+            f"done: {event.get('steps')} steps, loss {event.get('first_loss', float('nan')):.3f} -> "
+            f"{event.get('final_loss', float('nan')):.3f}"
+        )
+    else:
+        details = {k: v for k, v in event.items() if k not in ("event", "time")}
+        shown = f"{kind}: {json.dumps(details, separators=(',', ':'))}"
+    return f"{prefix.strip()} {shown}".strip() if prefix.strip() else shown
+
+
 def _nccl_transport(lines: list[str]) -> tuple[str, str, bool] | None:
     """(transport, evidence line, GPUDirect RDMA) from NCCL's own lines."""
     provider = next((m["provider"] for line in lines if (m := _OFI_PROVIDER.search(line))), None)

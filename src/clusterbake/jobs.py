@@ -20,7 +20,7 @@ from pathlib import Path
 from clusterbake import remote
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ClusterbakeError, ConfigError
-from clusterbake.job_report import detect_transport, format_report, training_summary
+from clusterbake.job_report import detect_transport, format_report, progress_line, training_summary
 from clusterbake.paths import repo_root
 from clusterbake.progress import say
 from clusterbake.providers import get_provider
@@ -178,17 +178,34 @@ def job_state(head: Head, job_id: str) -> JobState | None:
     return JobState(fields.get("JobState", "UNKNOWN"), exit_code, fields.get("StdOut"), int(fields.get("Restarts", 0)))
 
 
-def follow(head: Head, job_id: str, output: str, poll: float = 1.0, stream=sys.stdout) -> JobState:
-    """Stream the job's output until it ends (a requeued job is followed on)."""
+class LineStream:
+    """Whole lines to `stream`, each through `render` (a partial line waits for its end)."""
+
+    def __init__(self, stream, render):
+        self.stream, self.render, self.pending = stream, render, ""
+
+    def write(self, text: str, final: bool = False) -> None:
+        *complete, self.pending = (self.pending + text).split("\n")
+        if final and self.pending:
+            complete.append(self.pending)
+            self.pending = ""
+        for line in complete:
+            self.stream.write(self.render(line) + "\n")
+        self.stream.flush()
+
+
+def follow(head: Head, job_id: str, output: str, poll: float = 1.0, stream=sys.stdout, raw: bool = False) -> JobState:
+    """Stream the job's output until it ends (a requeued job is followed on); training events as
+    progress lines unless `raw`."""
     offset = 0
     last: JobState | None = None
+    lines = LineStream(stream, (lambda line: line) if raw else progress_line)
     while True:
         state = job_state(head, job_id)
         chunk = head.run(f"tail -c +{offset + 1} {shlex.quote(output)} 2>/dev/null", check=False).stdout
         if chunk:
             offset += len(chunk)
-            stream.write(chunk.decode(errors="replace"))
-            stream.flush()
+            lines.write(chunk.decode(errors="replace"))
         if state is None:
             if last is None:
                 raise ClusterbakeError(f"job {job_id} is unknown to slurmctld")
@@ -199,8 +216,7 @@ def follow(head: Head, job_id: str, output: str, poll: float = 1.0, stream=sys.s
         if state.state in TERMINAL:
             time.sleep(poll)  # let the last lines reach the shared filesystem
             tail = head.run(f"tail -c +{offset + 1} {shlex.quote(output)} 2>/dev/null", check=False).stdout
-            stream.write(tail.decode(errors="replace"))
-            stream.flush()
+            lines.write(tail.decode(errors="replace"), final=True)
             return state
         time.sleep(poll)
 

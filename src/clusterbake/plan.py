@@ -100,13 +100,17 @@ def _local_group_spec(group: NodeGroup) -> tuple[SlurmNodeSpec, list[str]]:
     return spec, switches
 
 
-def _cloud_group_spec(group: NodeGroup, shape: InstanceShape) -> tuple[SlurmNodeSpec, list[str]]:
+def _cloud_group_spec(
+    group: NodeGroup, shape: InstanceShape, image_features: Iterable[str]
+) -> tuple[SlurmNodeSpec, list[str]]:
     efa = group.efa and shape.efa_supported
     switches = list(dict.fromkeys([*group.features, *(["efa"] if efa else []), *(["gpu"] if shape.gpus else [])]))
     spec = instance_slurm_spec(shape, gres=list(group.gres) or None, features=[group.name, *switches, shape.name])
-    # NVSwitch types (gpu_systems.py) also go in group `nvswitch`: their join runs the fabric
-    # manager. An inventory group only; the instance type already names them in Slurm.
-    groups = list(dict.fromkeys([*switches, *(["nvswitch"] if shape.nvswitch else [])]))
+    # Inventory groups only (the instance type already names them in Slurm): NVSwitch types
+    # (gpu_systems.py) go in `nvswitch` (their join runs the fabric manager), GPU nodes of an
+    # image baked with DCGM in `dcgm` (the host engine runs; the GPU jobs' prolog diagnoses).
+    dcgm = bool(shape.gpus) and "dcgm" in image_features
+    groups = list(dict.fromkeys([*switches, *(["nvswitch"] if shape.nvswitch else []), *(["dcgm"] if dcgm else [])]))
     return spec, groups
 
 
@@ -121,9 +125,11 @@ def plan_nodes(config: ClusterConfig, shapes: Mapping[str, InstanceShape] | None
     else:
         head_spec = SlurmNodeSpec(head.cpus, 1, head.cpus, 1, head.memory_mb)
     nodes = [NodeSpec(HEAD_NAME, "head", "head", head_spec)]
+    cloud_image = getattr(config.image, config.provider, None) if config.provider != "local" else None
+    image_features = tuple(cloud_image.features) if cloud_image is not None else ()
     for group in config.node_groups:
         if shapes is not None and group.instance_type in shapes:
-            spec, switches = _cloud_group_spec(group, shapes[group.instance_type])
+            spec, switches = _cloud_group_spec(group, shapes[group.instance_type], image_features)
         else:
             spec, switches = _local_group_spec(group)
         nodes += [

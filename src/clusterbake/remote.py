@@ -451,6 +451,16 @@ def _session(endpoint: Endpoint, timeout: float) -> paramiko.Channel:
     raise AssertionError("unreachable")
 
 
+def tunnel(endpoint: Endpoint, host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> paramiko.Channel:
+    """A TCP connection from the node to host:port (SSH direct-tcpip, as `ssh -L` opens), over the
+    endpoint's connection: a socket-like channel (sendall, recv, makefile, close)."""
+    conn = connect(endpoint, timeout)
+    try:
+        return conn.transport.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        raise RemoteError(f"on {endpoint.name}: cannot connect to {host}:{port}: {_describe(exc)}") from exc
+
+
 # --- commands --------------------------------------------------------------------------
 
 

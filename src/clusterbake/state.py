@@ -53,6 +53,11 @@ class ClusterDir:
         return self.root / "secrets" / "munge.key"
 
     @property
+    def db_password(self) -> Path:
+        """The accounting database's password (MariaDB on the head): only the head's join bundle carries it."""
+        return self.root / "secrets" / "slurmdbd.password"
+
+    @property
     def join_bundles(self) -> Path:
         """Each node group's join bundle (holds the munge key: 0700 dir, 0600 files)."""
         return self.root / "secrets" / "join"
@@ -84,7 +89,7 @@ class ClusterDir:
         tmp.replace(self.state_file)
 
     def ensure_secrets(self) -> None:
-        """The cluster's SSH key and munge key, created once with tight permissions."""
+        """The cluster's SSH key, munge key and database password, created once with tight permissions."""
         self.ssh_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not self.ssh_key.exists():
             subprocess.run(
@@ -103,6 +108,8 @@ class ClusterDir:
                 check=True,
             )
         write_secret(self.munge_key, lambda: secrets.token_bytes(1024))
+        # URL-safe characters only: one plain token in slurmdbd.conf and SQL (config.DB_PASSWORD_PATTERN).
+        write_secret(self.db_password, lambda: secrets.token_urlsafe(32).encode())
         self.join_bundles.mkdir(mode=0o700, exist_ok=True)
 
 

@@ -14,10 +14,12 @@ import base64
 import email
 import ipaddress
 import json
+import subprocess
 
 import pytest
 import yaml
 from awstest import REGION, ZONE, example_config, inventory, live_instances, provisioned, run_cb, tag_map
+from clitest import REPO
 
 from clusterbake.config import load_config
 from clusterbake.errors import ConfigError
@@ -224,6 +226,34 @@ def test_inventory_lists_running_nodes_with_slurm_specs_from_the_instance_type(m
 def test_inventory_cluster_name_from_the_environment(moto, p5):
     inv = inventory(moto, p5["state_dir"], p5["path"], CLUSTERBAKE_CLUSTER="no-such-cluster")
     assert inv["_meta"]["hostvars"] == {} and inv["slurm_head"] == {"hosts": []}
+
+
+def test_inventory_warns_of_a_cluster_instance_without_a_node_name(moto, p5, network):
+    ec2 = moto.ec2()
+    stray = ec2.run_instances(
+        ImageId=network.ami_id,
+        InstanceType="c7a.large",
+        MinCount=1,
+        MaxCount=1,
+        SubnetId=network.subnet_id,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "clusterbake:cluster", "Value": CLUSTER}]}],
+    )["Instances"][0]["InstanceId"]
+    try:
+        result = subprocess.run(
+            [str(REPO / "inventories" / "aws_ec2.py"), "--list"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**moto.env, "CLUSTERBAKE_STATE_DIR": str(p5["state_dir"]), "CLUSTERBAKE_CONFIG": str(p5["path"])},
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"warning: {stray} is tagged clusterbake:cluster={CLUSTER} but has no clusterbake:name tag" in (
+            result.stderr
+        )
+        hostvars = json.loads(result.stdout)["_meta"]["hostvars"]
+        assert stray not in {h.get("clusterbake_instance_id") for h in hostvars.values()}
+    finally:
+        ec2.terminate_instances(InstanceIds=[stray])
 
 
 def test_stopped_node_stays_in_the_inventory_not_running_and_up_starts_it(moto, p5):

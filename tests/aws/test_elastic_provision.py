@@ -136,13 +136,16 @@ def test_inventory_tells_the_head_how_to_launch_elastic_nodes(moto, elastic, net
     assert variables["slurm_power_provider"] == "aws"
     power = variables["slurm_power_aws"]
     assert (power["cluster"], power["region"], power["endpoint_url"]) == (CLUSTER, REGION, moto.url)
-    assert list(power["groups"]) == ["burst"]  # static groups have nothing to power
+    # Every group: elastic nodes are powered up, static ones replaced when lost (recovery.replace_lost_nodes).
+    assert sorted(power["groups"]) == ["burst", "cpu"]
     burst = power["groups"]["burst"]
     templates = _state(elastic)["launch_templates"]
     assert burst["launch_template"] == templates["burst"]
     assert burst["instance_types"] == ["c7a.large", "m7a.large"]
     addresses = {name: node["address"] for name, node in _state(elastic)["nodes"].items()}
-    assert burst["addresses"] == {"burst-2": addresses["burst-2"], "burst-3": addresses["burst-3"]}
+    assert burst["addresses"] == {name: addresses[name] for name in ("burst-1", "burst-2", "burst-3")}
+    assert power["groups"]["cpu"]["addresses"] == {"cpu-1": addresses["cpu-1"]}
+    assert power["groups"]["cpu"]["launch_template"] == templates["cpu"]
     group_id = _state(elastic)["security_group"]
     for instance_type in ("c7a.large", "m7a.large"):
         assert burst["network_interfaces"][instance_type] == [

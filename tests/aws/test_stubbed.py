@@ -110,6 +110,9 @@ def test_inventory_reports_the_instances_placement_group(tmp_path):
             "aws": {"region": "us-east-1", "vpc_id": "vpc-0123456789abcdef0", "subnet_id": "subnet-0123456789abcdef0"},
             "head": {"instance_type": "m7i.2xlarge"},
             "node_groups": [{"name": "gpu", "count": 1, "instance_type": "p5.48xlarge", "efa": True}],
+            # Only the calls that find the instances: the head's launch settings (launch templates,
+            # security group) are test_elastic_provision.py's, against moto.
+            "recovery": {"replace_lost_nodes": False},
         }
     )
     efa = [

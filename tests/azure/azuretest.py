@@ -124,6 +124,24 @@ def example_config(twin: Twin, **changes) -> dict:
     return config
 
 
+def one_node_config(twin: Twin, cluster: str, subnet: str, storage: list[dict]) -> dict:
+    """The storage tests' cluster: the example's head and one Standard_D4s_v5 node on `subnet`,
+    in resource group <cluster>-rg, with `storage`."""
+    config = example_config(twin, cluster_name=cluster, storage=storage)
+    config["azure"] |= {"resource_group": f"{cluster}-rg", "subnet_id": subnet}
+    config["node_groups"] = [{"name": "cpu", "count": 1, "instance_type": "Standard_D4s_v5"}]
+    config["head"] = {"instance_type": "Standard_D4s_v5"}
+    config["partitions"] = [{"name": "cpu", "node_groups": ["cpu"], "default": True}]
+    return config
+
+
+def provisioned(twin: Twin, state_dir: Path, config: dict, cluster: str) -> Iterator[dict]:
+    """A module fixture's body: `cluster up --provision-only`, the run's facts, then `cluster down`."""
+    first = run_cb(twin, state_dir, config, "cluster", "up", "--provision-only")
+    yield {"state_dir": state_dir, "config": config, "first": first, "path": state_dir / f"{cluster}.yaml"}
+    run_cb(twin, state_dir, config, "cluster", "down")
+
+
 def run_cb(twin: Twin, state_dir: Path, config: dict | Path, *args: str, check: bool = True, timeout: int = 180):
     """The real CLI as a subprocess against the twin."""
     return run_cli(twin.env, state_dir, config, *args, check=check, timeout=timeout)
@@ -187,3 +205,68 @@ def arm_twin(root: Path, page_size: int = PAGE_SIZE) -> Iterator[Twin]:
             yield Twin(endpoints["arm"], directory, endpoints, env)
         finally:
             stop_server(server)
+
+
+def make_network(twin: Twin) -> str:
+    """The existing network a cluster runs in (not clusterbake's): a resource group, a virtual network
+    and a subnet, created with the SDK. Returns the subnet id."""
+    from azure.identity import DefaultAzureCredential
+    from azure.mgmt.network import NetworkManagementClient
+    from azure.mgmt.resource.resources import ResourceManagementClient
+
+    with twin.sdk_env():
+        credential = DefaultAzureCredential()
+        resources = ResourceManagementClient(credential, twin.subscription, base_url=twin.url)
+        resources.resource_groups.create_or_update(NET_GROUP, {"location": LOCATION})
+        network = NetworkManagementClient(credential, twin.subscription, base_url=twin.url)
+        vnet = network.virtual_networks.begin_create_or_update(
+            NET_GROUP,
+            VNET,
+            {
+                "location": LOCATION,
+                "properties": {
+                    "addressSpace": {"addressPrefixes": ["10.70.0.0/16"]},
+                    "subnets": [
+                        {"name": SUBNET, "properties": {"addressPrefix": SUBNET_PREFIX}},
+                        {"name": "tiny", "properties": {"addressPrefix": "10.70.9.0/29"}},
+                    ],
+                },
+            },
+        ).result()
+        network.virtual_networks.begin_create_or_update(
+            NET_GROUP,
+            "west-vnet",
+            {
+                "location": "westeurope",
+                "properties": {
+                    "addressSpace": {"addressPrefixes": ["10.80.0.0/16"]},
+                    "subnets": [{"name": SUBNET, "properties": {"addressPrefix": "10.80.0.0/24"}}],
+                },
+            },
+        ).result()
+        return next(s.id for s in vnet.subnets if s.name == SUBNET)
+
+
+def subnet_id(twin: Twin, name: str) -> str:
+    """A subnet of the existing network (make_network) by name."""
+    return (
+        f"/subscriptions/{twin.subscription}/resourceGroups/{NET_GROUP}/providers/Microsoft.Network/"
+        f"virtualNetworks/{VNET}/subnets/{name}"
+    )
+
+
+def storage_subnet(twin: Twin, name: str, prefix: str) -> str:
+    """A subnet of the existing network with the Microsoft.Storage service endpoint (what the cluster's storage
+    accounts admit): its id."""
+    from azure.identity import DefaultAzureCredential
+    from azure.mgmt.network import NetworkManagementClient
+
+    with twin.sdk_env():
+        network = NetworkManagementClient(DefaultAzureCredential(), twin.subscription, base_url=twin.url)
+        network.subnets.begin_create_or_update(
+            NET_GROUP,
+            VNET,
+            name,
+            {"properties": {"addressPrefix": prefix, "serviceEndpoints": [{"service": "Microsoft.Storage"}]}},
+        ).result()
+    return subnet_id(twin, name)

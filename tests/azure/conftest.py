@@ -12,47 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from azuretest import LOCATION, NET_GROUP, SUBNET, SUBNET_PREFIX, VNET, Twin, arm_twin
-
-
-def make_network(twin: Twin) -> str:
-    """The existing network a cluster runs in (not clusterbake's): a resource group, a virtual network
-    and a subnet, created with the SDK. Returns the subnet id."""
-    from azure.identity import DefaultAzureCredential
-    from azure.mgmt.network import NetworkManagementClient
-    from azure.mgmt.resource.resources import ResourceManagementClient
-
-    with twin.sdk_env():
-        credential = DefaultAzureCredential()
-        resources = ResourceManagementClient(credential, twin.subscription, base_url=twin.url)
-        resources.resource_groups.create_or_update(NET_GROUP, {"location": LOCATION})
-        network = NetworkManagementClient(credential, twin.subscription, base_url=twin.url)
-        vnet = network.virtual_networks.begin_create_or_update(
-            NET_GROUP,
-            VNET,
-            {
-                "location": LOCATION,
-                "properties": {
-                    "addressSpace": {"addressPrefixes": ["10.70.0.0/16"]},
-                    "subnets": [
-                        {"name": SUBNET, "properties": {"addressPrefix": SUBNET_PREFIX}},
-                        {"name": "tiny", "properties": {"addressPrefix": "10.70.9.0/29"}},
-                    ],
-                },
-            },
-        ).result()
-        network.virtual_networks.begin_create_or_update(
-            NET_GROUP,
-            "west-vnet",
-            {
-                "location": "westeurope",
-                "properties": {
-                    "addressSpace": {"addressPrefixes": ["10.80.0.0/16"]},
-                    "subnets": [{"name": SUBNET, "properties": {"addressPrefix": "10.80.0.0/24"}}],
-                },
-            },
-        ).result()
-        return next(s.id for s in vnet.subnets if s.name == SUBNET)
+from azuretest import Twin, arm_twin, make_network
 
 
 @pytest.fixture(scope="session")

@@ -71,9 +71,9 @@ CASES = {
         {"node_groups": [{"name": "gpu", "count": 1, "instance_type": "Standard_ND96isr_H100_v5", "efa": True}]},
         "node_groups.0.efa: aws's EFA; Azure's fabric is InfiniBand: use infiniband; remove it",
     ),
-    "elastic": (
-        {"node_groups": [{"name": "gpu", "max_count": 4, "instance_type": "Standard_D4s_v5"}]},
-        "node_groups.0.max_count: elastic node groups are not supported on azure yet",
+    "aws-fallback-type": (
+        {"node_groups": [{"name": "gpu", "max_count": 4, "instance_types": ["Standard_D4s_v5", "m7i.xlarge"]}]},
+        "node_groups.0.instance_types.1: m7i.xlarge is not an Azure VM size",
     ),
     "debian": ({"image": {"base": "debian-12"}}, "image.base: Azure images are Ubuntu"),
     "storage-efs": (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 
 import pytest
 from localtest import REPO, cb, on, run
@@ -67,6 +68,22 @@ def test_two_jobs_share_a_node_on_disjoint_gpus(gpus):
     # What is enforced here: the allocation and CUDA_VISIBLE_DEVICES. Device access is not:
     # the nodes' cgroups are not Slurm's (docs/local-provider.md), so no ConstrainDevices.
     assert all("nvidia3-readable" in s for s in seen)
+
+
+def test_sacct_records_the_gpus_of_each_job(gpus):
+    """Accounting (on by default) tracks gres/gpu (AccountingStorageTRES): sacct shows what a job had."""
+    job = head("sbatch --parsable --wait -N1 -w gpu-1 --gpus-per-node=3 --mem=100M -o /dev/null --wrap true").stdout
+    fields = "NodeList,State,AllocTRES"
+
+    def record():
+        out = head(f"sacct -j {job.strip()} -X -n -P -o {fields}").stdout.strip()
+        return dict(zip(fields.split(","), out.split("|"), strict=True)) if out else {}
+
+    deadline = time.monotonic() + 30
+    while record().get("State") != "COMPLETED" and time.monotonic() < deadline:
+        time.sleep(1)
+    assert record()["NodeList"] == "gpu-1" and record()["State"] == "COMPLETED", record()
+    assert "gres/gpu=3" in record()["AllocTRES"].split(","), record()
 
 
 def test_a_job_on_gpu_nodes_that_asks_for_no_gpu_is_refused(gpus):

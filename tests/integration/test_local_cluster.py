@@ -4,10 +4,10 @@ import base64
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 
 from localtest import CONFIG, REPO, cb, on, run
+from polling import poll
 
 from clusterbake.config import load_config
 from clusterbake.nspawn.network import bridge_name, veth_name
@@ -17,16 +17,6 @@ from clusterbake.state import StateDir
 def slurm_states():
     out = on("head", "sinfo --noheader --Node --format='%N %t'").stdout
     return dict(line.split() for line in out.splitlines())
-
-
-def wait_for(predicate, timeout=90.0, interval=0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def test_make_cluster_ends_with_idle_nodes(cluster):
@@ -54,7 +44,7 @@ def test_sbatch_as_user_writes_to_shared(cluster):
         match = re.search(r"JobState=(\S+)", out)
         return match and match.group(1) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and match.group(1)
 
-    assert wait_for(finished, timeout=60) == "COMPLETED"
+    assert poll(finished, timeout=60) == "COMPLETED"
     # /shared is the same directory on every node: read the results on cpu-1.
     seen = on("cpu-1", "cat /shared/ci-cpu-1.txt /shared/ci-cpu-2.txt").stdout.split("\n")
     assert seen[:2] == ["cpu-1 researcher", "cpu-2 researcher"]
@@ -115,7 +105,7 @@ def test_stopped_compute_node_rejoins_idle(cluster):
     status = json.loads(cb("cluster", "status", "--json").stdout)
     assert {n["name"]: n["state"] for n in status["nodes"]}["cpu-2"] == "stopped"
     cb("node", "start", "cpu-2")
-    assert wait_for(lambda: slurm_states().get("cpu-2") == "idle", timeout=120), slurm_states()
+    assert poll(lambda: slurm_states().get("cpu-2") == "idle", timeout=120), slurm_states()
     assert sorted(on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
 
 
@@ -147,9 +137,61 @@ def test_slurm_conf_is_managed_and_configless(cluster):
 def test_slurmd_restarts_after_a_crash(cluster):
     before = on("cpu-1", "pidof slurmd").stdout.strip()
     on("cpu-1", "kill -9 $(pidof slurmd)")
-    restarted = wait_for(lambda: on("cpu-1", "pidof slurmd", check=False).stdout.strip(), timeout=30)
+    restarted = poll(lambda: on("cpu-1", "pidof slurmd", check=False).stdout.strip(), timeout=30)
     assert restarted and restarted != before
-    assert wait_for(lambda: slurm_states().get("cpu-1") == "idle", timeout=60), slurm_states()
+    assert poll(lambda: slurm_states().get("cpu-1") == "idle", timeout=60), slurm_states()
+
+
+def test_doctor_finds_a_stopped_munge_and_says_how_to_fix_it(cluster):
+    healthy = cb("doctor")
+    assert healthy.stdout.rstrip().endswith("no problem found"), healthy.stdout
+    assert "ok    cpu-1: munge, slurmd active; fabric tcp: NCCL and gloo over sockets on host0" in healthy.stdout
+    on("cpu-1", "systemctl stop munge")
+    try:
+        sick = cb("doctor", check=False)
+        assert sick.returncode == 1, sick.stdout
+        assert "FAIL  cpu-1: munge is inactive; fix: clusterbake ssh cpu-1 -- systemctl restart munge" in sick.stdout, (
+            sick.stdout
+        )
+        assert sick.stdout.rstrip().endswith("1 problem(s) found")
+    finally:
+        on("cpu-1", "systemctl start munge")
+    assert poll(lambda: cb("doctor", check=False).returncode == 0), "doctor still finds a problem"
+
+
+def test_ops_drain_and_resume_keep_a_running_job(cluster):
+    def nodes() -> dict[str, tuple[str, str]]:
+        out = on("head", "sinfo -h -N -n 'cpu-[1-2]' -o '%N|%t|%E'").stdout
+        return {name: (state, reason) for name, state, reason in (line.split("|") for line in out.splitlines())}
+
+    sbatch = "runuser -u researcher -- sbatch --parsable -w cpu-2 -o /dev/null --wrap 'sleep 60'"
+    job = on("head", sbatch).stdout.strip()
+    try:
+        assert poll(lambda: on("head", f"squeue -h -j {job} -o %T").stdout.strip() == "RUNNING")
+        check = cb("ops", "drain", "-e", "nodes=cpu-[1-2]", "-e", "reason=ops test", "--check")
+        assert "0 changed (check mode)" in check.stdout
+        assert {state for state, _ in nodes().values()} <= {"idle", "alloc", "mix"}  # check mode changed nothing
+        drained = cb("ops", "drain", "-e", "nodes=cpu-[1-2]", "-e", "reason=ops test")
+        assert ", 1 changed" in drained.stdout
+        assert nodes() == {"cpu-1": ("drain", "ops test"), "cpu-2": ("drng", "ops test")}
+        assert on("head", f"squeue -h -j {job} -o %T").stdout.strip() == "RUNNING"  # the job goes on
+        assert ", 0 changed" in cb("ops", "drain", "-e", "nodes=cpu-[1-2]", "-e", "reason=ops test").stdout
+        # The same playbooks run with plain ansible-playbook and the provider's inventory.
+        run(
+            [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "inventories/local.py", "ansible/ops/resume.yml",
+             "-e", "nodes=cpu-[1-2]"],
+            env={"CLUSTERBAKE_CONFIG": str(CONFIG)},
+        )  # fmt: skip
+        # Back in service: no drain flag, no reason. A trailing "*" (not responding) is Slurm's
+        # ping, not the playbook's: seen once in CI on a loaded machine; it clears at the next ping.
+        assert {name: (state.rstrip("*"), reason) for name, (state, reason) in nodes().items()} in (
+            {"cpu-1": ("idle", "none"), "cpu-2": ("mix", "none")},
+            {"cpu-1": ("idle", "none"), "cpu-2": ("alloc", "none")},
+        ), nodes()
+        assert poll(lambda: {state for state, _ in nodes().values()} <= {"idle", "alloc", "mix"}, timeout=150)
+        assert on("head", f"squeue -h -j {job} -o %T").stdout.strip() == "RUNNING"
+    finally:
+        on("head", f"scancel {job}", check=False)
 
 
 def test_partition_change_reconfigures_without_restart(cluster, tmp_path):
@@ -176,7 +218,7 @@ def test_a_fresh_compute_node_joins_by_itself(cluster):
     shutil.rmtree(cluster_dir.node("cpu-2"))
     logs_before = sorted(cluster_dir.logs.iterdir())
     cb("node", "start", "cpu-2")
-    assert wait_for(lambda: slurm_states().get("cpu-2") == "idle", timeout=120), slurm_states()
+    assert poll(lambda: slurm_states().get("cpu-2") == "idle", timeout=120), slurm_states()
     assert sorted(cluster_dir.logs.iterdir()) == logs_before, "an Ansible run happened"
     assert on("cpu-2", "id -u researcher").stdout.strip() == "2001"
     assert on("cpu-2", "stat -c '%a %U' /etc/munge/munge.key").stdout.strip() == "400 munge"

@@ -35,10 +35,10 @@ def job_state(job_id: str) -> str:
 def test_example_trains_across_two_nodes(training_cluster):
     result = tcb(
         "job", "submit", "deepspeed", "--nodes", "2", "--upload", str(REPO / "examples/deepspeed"),
-        "--job-name", "ci-example", "--wait", "--", *TRAIN, "--steps", "30", "--checkpoint-every", "10",
+        "--job-name", "ci-example", "--wait", "--raw", "--", *TRAIN, "--steps", "30", "--checkpoint-every", "10",
         timeout=900,
     )  # fmt: skip
-    found = events(result.stdout)
+    found = events(result.stdout)  # --raw: the event lines as the job wrote them
     init = next(e for e in found if e["event"] == "init")
     done = next(e for e in found if e["event"] == "done")
     assert init["world_size"] == 2 and sorted(init["hosts"]) == ["cpu-1", "cpu-2"]
@@ -116,12 +116,32 @@ def test_bad_deepspeed_config_fails_clearly(training_cluster):
 def test_make_job_prints_a_summary_and_fails_on_failure(training_cluster):
     ok = run(["make", "job", f"CONFIG={CONFIG}", "STEPS=12", "JOB_NAME=ci-make-job"], timeout=900)
     assert re.search(r"training: 12 steps, loss [\d.]+ -> [\d.]+, \d+ tokens/s", ok.stdout)
+    # A progress line per step, not the JSON the job writes (its output file keeps that).
+    assert re.search(r"^(\[rank\d+\]: )?step 12: loss [\d.]+, [\d,]+ tokens/s, [\d.]+ s/step$", ok.stdout, re.M)
+    assert "CLUSTERBAKE_EVENT" not in ok.stdout
     assert "nodes: cpu-1, cpu-2" in ok.stdout and "checkpoint: /shared/checkpoints/ci-make-job/" in ok.stdout
     failed = run(["make", "job", f"CONFIG={CONFIG}", "STEPS=0", "JOB_NAME=ci-make-job-bad"], check=False, timeout=600)
     assert failed.returncode != 0
 
 
 def test_hello_distributed_all_reduce(training_cluster):
-    result = tcb("job", "submit", "hello-distributed", "--nodes", "2", "--wait", timeout=300)
+    result = tcb("job", "submit", "hello-distributed", "--nodes", "2", "--wait", "--raw", timeout=300)
     hello = [e for e in events(result.stdout) if e["event"] == "hello"]
     assert len(hello) == 2 and all(e["ok"] and e["sum"] == 1.0 for e in hello)
+
+
+def test_sweep_over_one_and_two_nodes_writes_its_table_and_plot(training_cluster, tmp_path):
+    result = tcb("sweep", "--nodes", "1,2", "--steps", "6", "--out", str(tmp_path), timeout=900)
+    rows = (tmp_path / "sweep.txt").read_text().splitlines()
+    assert result.stdout.startswith("\n".join(rows))  # printed as written
+    one, two = rows[1].split(), rows[2].split()
+    assert one[:2] == ["1", "1"] and two[:2] == ["2", "2"]  # one rank per CPU-only node
+    assert one[4:6] == ["1.00x", "100%"]
+    assert two[4].endswith("x") and two[5].endswith("%")
+    assert rows[3].startswith("note: local nodes share this one machine's CPUs")
+    points = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(p["nodes"], p["state"]) for p in points] == [(1, "COMPLETED"), (2, "COMPLETED")]
+    assert points[1]["efficiency"] == pytest.approx(points[1]["tokens_per_s"] / (2 * points[0]["tokens_per_s"]))
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    outputs = sorted(p.name for p in tmp_path.glob("sweep-*.out"))
+    assert len(outputs) == 2 and all("CLUSTERBAKE_EVENT" in (tmp_path / o).read_text() for o in outputs)

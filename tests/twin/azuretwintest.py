@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
+import urllib.request
 from pathlib import Path
 
 from sdkenv import Environ
@@ -40,6 +42,29 @@ class AzureTwin:
 
         state = StateDir(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")))
         return control.request(state, method, path, body)
+
+    def _switch(self, method: str, path: str, body: dict | None = None) -> dict:
+        """A test switch of the ARM fake (`/_twin/...`, no token), over its TLS."""
+        context = ssl.create_default_context(cafile=self.env["REQUESTS_CA_BUNDLE"])
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
+        request = urllib.request.Request(
+            self.env["AZURE_RESOURCE_MANAGER_ENDPOINT"] + path,
+            data=json.dumps(body).encode() if body is not None else None,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with opener.open(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def arm_state(self) -> dict:
+        """The ARM fake's whole subscription (`GET /_twin/state`)."""
+        return self._switch("GET", "/_twin/state")
+
+    def set_capacity(self, limits: dict[str, dict] | None) -> None:
+        """Azure's capacity per VM size: creating one past `limit` fails with `code` (None: no limit)."""
+        assert self._switch("PUT", "/_twin/capacity", limits or {}) == {k.lower(): v for k, v in (limits or {}).items()}
 
     def clients(self):
         """(compute, network, msi, keyvault, resources) management clients, made with the twin's environment."""

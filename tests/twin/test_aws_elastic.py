@@ -9,43 +9,36 @@ order on one cluster, as tests/integration/test_elastic.py does on the local pro
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 from polling import wait_for
-from twintest import REPO, Twin
+from twintest import (
+    POWER_LOG,
+    REPO,
+    Twin,
+    elastic_cpu_group,
+    growing_keeps_every_address,
+    node_status,
+    requeued_job_runs_when_capacity_is_back,
+    slurm_states,
+    submit_and_time_the_start,
+    submit_where_no_capacity_is,
+    wait_done,
+)
 
 pytestmark = pytest.mark.integration
 CLUSTER = "citwinel"
 NODES = ("cpu-1", "cpu-2")
-POWER_LOG = "cat /var/log/clusterbake/power.log"
 
 
 def _config(max_count: int = 2) -> dict:
     config = yaml.safe_load((REPO / "examples" / "aws-twin.yaml").read_text())
     config["cluster_name"] = CLUSTER
-    config["node_groups"] = [
-        {
-            "name": "cpu",
-            "min_count": 0,
-            "max_count": max_count,
-            "instance_types": ["c7a.large", "m7a.large"],
-            "idle_time": 20,
-            "features": ["train"],
-        }
-    ]
-    config["power"] = {
-        "resume_timeout": 180,
-        "suspend_timeout": 10,
-        "failed_node_cooldown": 15,
-        "orphan_grace": 10,
-        "capacity_cooldown": 10,
-    }
+    config["node_groups"], config["power"] = elastic_cpu_group(max_count, ["c7a.large", "m7a.large"])
     return config
 
 
@@ -78,19 +71,10 @@ def head(twin: Twin, command: str, **kwargs):
     return twin.on("head", command, **kwargs)
 
 
-def slurm_states(twin: Twin) -> dict[str, str]:
-    result = head(twin, "sinfo --noheader --Node --format='%N %t'")
-    return dict(line.split() for line in result.stdout.splitlines() if line.strip())
-
-
-def status(twin: Twin) -> dict[str, dict]:
-    return {n["name"]: n for n in json.loads(twin.cb("cluster", "status", "--json").stdout)["nodes"]}
-
-
 def test_elastic_nodes_start_powered_down_without_instances(elastic):
     assert slurm_states(elastic) == {"cpu-1": "idle~", "cpu-2": "idle~"}
     assert all(elastic.instance(n) is None for n in NODES)
-    nodes = status(elastic)
+    nodes = node_status(elastic)
     assert {n: nodes[n]["state"] for n in NODES} == {"cpu-1": "absent", "cpu-2": "absent"}
     # Planned addresses from the top of the twin's subnet 10.90.0.0/24 (each cluster's own state).
     assert all(nodes[n]["address"].startswith("10.90.0.") for n in ("head", *NODES))
@@ -98,32 +82,8 @@ def test_elastic_nodes_start_powered_down_without_instances(elastic):
     assert hosts == [nodes["cpu-1"]["address"], "cpu-1", nodes["cpu-2"]["address"], "cpu-2"]
 
 
-def submit_and_time_the_start(twin: Twin, options: str, command: str) -> tuple[str, float]:
-    """sbatch on the head, then wait there until the job runs: (job id, seconds from sbatch to RUNNING).
-
-    Timed on the head (no SSH round trips in the figure). The job keeps running after that
-    (`command` ends with a sleep), so its nodes' instances can be looked at."""
-    script = (
-        f"t0=$(date +%s%N); id=$(sbatch --parsable {options} --wrap {shlex.quote(command)}); "
-        'while [ "$(squeue -h -j $id -o %T)" != RUNNING ]; do '
-        '[ -z "$(squeue -h -j $id -o %T)" ] && break; sleep 0.2; done; '
-        'echo $id $(( ($(date +%s%N) - t0) / 1000000 )) "$(squeue -h -j $id -o %T)"'
-    )
-    job, millis, state = head(twin, script, timeout=400).stdout.split()
-    assert state == "RUNNING", f"job {job}: {state}"
-    return job, int(millis) / 1000
-
-
-def wait_done(twin: Twin, job: str, timeout: float = 120) -> None:
-    wait_for(
-        f"job {job} completed",
-        lambda: "JobState=COMPLETED" in head(twin, f"scontrol show job {job}").stdout,
-        timeout=timeout,
-    )
-
-
 def test_a_job_powers_both_nodes_up_through_the_heads_resume_program(elastic):
-    planned = {n: status(elastic)[n]["address"] for n in NODES}
+    planned = {n: node_status(elastic)[n]["address"] for n in NODES}
     job, took = submit_and_time_the_start(elastic, "-N2 -o /shared/up.out", "srun hostname; sleep 20")
     print(f"\nsbatch -N2 on powered-down twin nodes to RUNNING: {took:.1f}s")
     for name in NODES:
@@ -169,43 +129,20 @@ def test_a_node_no_type_has_capacity_for_goes_down_and_its_job_is_requeued(elast
     wait_for("cpu-2 idle~", lambda: slurm_states(elastic)["cpu-2"] == "idle~", timeout=60)
     capacity({"c7a.large": 0, "m7a.large": 0})
     try:
-        job = head(elastic, "sbatch --parsable --requeue -N1 -w cpu-2 -o /shared/retry.out --wrap hostname")
-        job = job.stdout.strip()
-        reason = wait_for(
-            "cpu-2 down with EC2's error",
-            lambda: re.search(
-                r"clusterbake: resume failed: no capacity \(c7a\.large: InsufficientInstanceCapacity[^;]*; "
-                r"m7a\.large: InsufficientInstanceCapacity",
-                head(elastic, "scontrol show node cpu-2").stdout,
-            ),
-            timeout=90,
+        job = submit_where_no_capacity_is(
+            elastic,
+            "EC2",
+            r"clusterbake: resume failed: no capacity \(c7a\.large: InsufficientInstanceCapacity[^;]*; "
+            r"m7a\.large: InsufficientInstanceCapacity",
         )
-        assert reason
-        assert "JobState=PENDING" in head(elastic, f"scontrol show job {job}").stdout  # requeued, not lost
         assert elastic.instance("cpu-2") is None
     finally:
         capacity(None)
-    # Capacity back: the reconcile loop returns cpu-2 after failed_node_cooldown, the job runs.
-    wait_for(
-        "the requeued job done",
-        lambda: "JobState=COMPLETED" in head(elastic, f"scontrol show job {job}").stdout,
-        timeout=240,
-    )
-    assert head(elastic, "cat /shared/retry.out").stdout.strip() == "cpu-2"
-    assert "cpu-2 down since" in head(elastic, POWER_LOG).stdout
+    requeued_job_runs_when_capacity_is_back(elastic, job)
 
 
 def test_growing_max_count_keeps_every_address(elastic, tmp_path):
-    before = {name: node["address"] for name, node in status(elastic).items()}
-    grown = tmp_path / f"{CLUSTER}.yaml"
-    grown.write_text(yaml.safe_dump(_config(max_count=4), sort_keys=False))
-    bigger = Twin(elastic.env, grown, cluster=CLUSTER)
-    bigger.cb("cluster", "up", timeout=900)
-    after = {name: node["address"] for name, node in status(bigger).items()}
-    assert {name: after[name] for name in before} == before
-    assert sorted(set(after) - set(before)) == ["cpu-3", "cpu-4"]
-    assert len(set(after.values())) == len(after)
-    assert {"cpu-3": "idle~", "cpu-4": "idle~"}.items() <= slurm_states(bigger).items()
+    growing_keeps_every_address(elastic, _config(max_count=4), tmp_path / f"{CLUSTER}.yaml", CLUSTER)
 
 
 def test_cluster_down_leaves_nothing(elastic):

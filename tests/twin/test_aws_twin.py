@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from polling import wait_for
 from twintest import CLUSTER, REPO, run
 
+from clusterbake.job_report import events
 from clusterbake.providers.aws.userdata import user_data
 
 pytestmark = pytest.mark.integration
@@ -60,12 +62,7 @@ def test_second_cluster_up_changes_nothing(twin):
 
 
 def test_deepspeed_trains_across_both_nodes_with_checkpoint_on_shared_storage(twin):
-    result = twin.cb(
-        "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "twin-ds",
-        "--wait", "--", "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json",
-        "--steps", "12", "--checkpoint-every", "6",
-        timeout=1200,
-    )  # fmt: skip
+    result = twin.train_deepspeed("twin-ds")
     assert "nodes: cpu-1, cpu-2 (world size 2)" in result.stdout, result.stdout[-3000:]
     # The checkpoint is on the shared file system: the head (which ran no rank) sees it.
     listing = twin.on("head", "ls /shared/checkpoints/twin-ds && stat -c %U /shared/checkpoints/twin-ds")
@@ -73,6 +70,29 @@ def test_deepspeed_trains_across_both_nodes_with_checkpoint_on_shared_storage(tw
     assert listing.stdout.split()[-1] == "researcher"
     mounts = twin.on("cpu-1", "findmnt -n -o TARGET /shared; findmnt -n -o TARGET /home")
     assert mounts.stdout.split() == ["/shared", "/home"]
+
+
+def test_checkpoints_are_copied_to_s3_and_restored_when_shared_storage_lost_them(twin):
+    """After test_deepspeed_trains...: the job's checkpoints are in the bucket (the node role wrote
+    them); /shared loses them; the same job name, run again, resumes from S3's copy."""
+    s3 = twin.client("s3")
+    listed = s3.list_objects_v2(Bucket="clusterbake-twin-checkpoints", Prefix="twindemo/twin-ds/")
+    keys = {item["Key"] for item in listed.get("Contents", [])}
+    assert "twindemo/twin-ds/latest" in keys
+    assert any(key.startswith("twindemo/twin-ds/step12/") for key in keys), sorted(keys)
+    latest = s3.get_object(Bucket="clusterbake-twin-checkpoints", Key="twindemo/twin-ds/latest")["Body"].read()
+    assert latest == b"step12\n"
+    twin.on("head", "rm -rf /shared/checkpoints/twin-ds")  # the shared file system lost them
+    result = twin.cb(
+        "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "twin-ds",
+        "--wait", "--raw", "--", "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json",
+        "--steps", "18", "--checkpoint-every", "6",
+        timeout=1200,
+    )  # fmt: skip
+    assert "restored checkpoint step12 from s3://clusterbake-twin-checkpoints/twindemo/twin-ds" in result.stdout
+    found = events(result.stdout)
+    assert next(e for e in found if e["event"] == "resumed")["step"] == 12
+    assert next(e for e in found if e["event"] == "done")["steps"] == 18
 
 
 def test_stopped_and_started_instance_rejoins_without_ansible(twin):
@@ -186,6 +206,61 @@ def test_spot_and_rebalance_notices_appear_in_the_nodes_metadata(twin):
     control.request(state, "DELETE", f"/instances/{instance_id}/notices/rebalance")
     assert all("404" in line for line in twin.inside(instance_id, read).stdout.splitlines())
     assert twin.instance("cpu-1")["State"]["Name"] == "running"  # a notice without enforce stops nothing
+
+
+def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_replaced(twin):
+    """EC2's two-minute notice (here 60 s, then the twin terminates the instance as EC2 does): the
+    node's agent drains it within 5 s, the job checkpoints and requeues, the head's reconcile loop
+    launches a replacement at the node's address, and the training completes."""
+    from clusterbake.state import StateDir
+    from clusterbake.twins.aws import control
+
+    state = StateDir(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")))
+    submitted = twin.cb(
+        "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "twin-spot",
+        "--", "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json",
+        "--steps", "60", "--checkpoint-every", "20",
+    ).stdout  # fmt: skip
+    job_id = re.search(r"submitted job (\d+)", submitted).group(1)
+    output = f"/shared/jobs/twin-spot-{job_id}.out"
+
+    def log() -> str:
+        return twin.on("head", f"cat {output} 2>/dev/null || true").stdout
+
+    wait_for("step 5", lambda: any(e["event"] == "step" and e["step"] >= 5 for e in events(log())), timeout=300)
+    old = twin.instance("cpu-2")
+    body = {"action": "terminate", "seconds": 60, "enforce": True}
+    control.request(state, "PUT", f"/instances/{old['InstanceId']}/notices/spot", body)
+    noticed = time.monotonic()
+
+    def reason() -> str:
+        return twin.on("head", "sinfo --noheader --Node --nodes cpu-2 --format=%E").stdout.strip()
+
+    wait_for("cpu-2 drained", lambda: reason().startswith("clusterbake: spot reclaim at"), timeout=10, interval=0.25)
+    assert time.monotonic() - noticed <= 5
+    assert reason().endswith("(EC2 spot/instance-action terminate)")
+
+    def finished() -> str:
+        shown = twin.on("head", f"scontrol show job -o {job_id}", check=False).stdout
+        found = re.search(r"JobState=(\S+)", shown)
+        return found.group(1) if found and found.group(1) in ("COMPLETED", "FAILED", "CANCELLED") else ""
+
+    assert wait_for("the job done", finished, timeout=900, interval=3) == "COMPLETED"
+    text = log()
+    assert "asking for a checkpoint" in text and "checkpoint written; requeueing job" in text
+    done = [e for e in events(text) if e["event"] == "done"][-1]  # the first run's ended at the checkpoint
+    assert done["steps"] == 60 and not done["stopped_by_signal"]
+    first_run = text.split("(restart 1)")[0]
+    last_before = max(e["step"] for e in events(first_run) if e["event"] == "step")
+    resumed = next(e for e in events(text) if e["event"] == "resumed")
+    assert last_before - resumed["step"] <= 0  # checkpointed on the notice: nothing trained twice
+    new = twin.instance("cpu-2")
+    assert new["InstanceId"] != old["InstanceId"] and new["PrivateIpAddress"] == old["PrivateIpAddress"]
+    assert (
+        "reconcile: cpu-2 lost: started again and returned to service"
+        in twin.on("head", "cat /var/log/clusterbake/power.log").stdout
+    )
+    twin.wait_idle({"cpu-1", "cpu-2"})
 
 
 def test_cluster_down_leaves_nothing_in_the_account_or_on_the_host(twin):

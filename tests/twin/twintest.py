@@ -8,12 +8,14 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
 from pathlib import Path
 
 import boto3
+import yaml
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +45,15 @@ class Twin:
 
     def on(self, node: str, command: str, **kwargs):
         return self.cb("ssh", node, "--", command, **kwargs)
+
+    def train_deepspeed(self, job_name: str, nodes: int = 2):
+        """The DeepSpeed example on `nodes` nodes, 12 steps with a checkpoint every 6 on /shared; waits for it."""
+        return self.cb(
+            "job", "submit", "deepspeed", "--nodes", str(nodes), "--upload", "examples/deepspeed",
+            "--job-name", job_name, "--wait", "--", "/shared/deepspeed/train.py",
+            "--deepspeed_config", "/shared/deepspeed/ds_config.json", "--steps", "12", "--checkpoint-every", "6",
+            timeout=1200,
+        )  # fmt: skip
 
     def client(self, service: str):
         """A boto3 client with the twin's administrator key (what `twin up` exported)."""
@@ -169,3 +180,107 @@ def host_leftovers() -> list[str]:
     if state.exists():
         left.append(f"state {state}")
     return left
+
+
+def slurm_states(cluster: Twin) -> dict[str, str]:
+    """Node -> Slurm's short state (sinfo %t: idle, idle~, alloc, ...) as the head sees it."""
+    result = cluster.on("head", "sinfo --noheader --Node --format='%N %t'")
+    return dict(line.split() for line in result.stdout.splitlines() if line.strip())
+
+
+def submit_and_time_the_start(cluster: Twin, options: str, command: str) -> tuple[str, float]:
+    """sbatch on the head, then wait there until the job runs: (job id, seconds from sbatch to RUNNING).
+
+    Timed on the head (no SSH round trips in the figure). The job keeps running after that
+    (`command` ends with a sleep), so its nodes' machines can be looked at."""
+    script = (
+        f"t0=$(date +%s%N); id=$(sbatch --parsable {options} --wrap {shlex.quote(command)}); "
+        'while [ "$(squeue -h -j $id -o %T)" != RUNNING ]; do '
+        '[ -z "$(squeue -h -j $id -o %T)" ] && break; sleep 0.2; done; '
+        'echo $id $(( ($(date +%s%N) - t0) / 1000000 )) "$(squeue -h -j $id -o %T)"'
+    )
+    job, millis, state = cluster.on("head", script, timeout=400).stdout.split()
+    assert state == "RUNNING", f"job {job}: {state}"
+    return job, int(millis) / 1000
+
+
+def wait_done(cluster: Twin, job: str, timeout: float = 120) -> None:
+    wait_for(
+        f"job {job} completed",
+        lambda: "JobState=COMPLETED" in cluster.on("head", f"scontrol show job {job}").stdout,
+        timeout=timeout,
+    )
+
+
+def elastic_cpu_group(max_count: int, instance_types: list[str]) -> tuple[list[dict], dict]:
+    """(node_groups, power) of the twins' elastic tests: one group `cpu` without static nodes, up to
+    `max_count` elastic ones of `instance_types` (the first the primary), idle after 20 s, and power
+    settings short enough for a test (a failed node back after 15 s, a type skipped for 10 s)."""
+    groups = [
+        {
+            "name": "cpu",
+            "min_count": 0,
+            "max_count": max_count,
+            "instance_types": list(instance_types),
+            "idle_time": 20,
+            "features": ["train"],
+        }
+    ]
+    power = {
+        "resume_timeout": 180,
+        "suspend_timeout": 10,
+        "failed_node_cooldown": 15,
+        "orphan_grace": 10,
+        "capacity_cooldown": 10,
+    }
+    return groups, power
+
+
+# --- the elastic twin tests' shared steps (tests/twin/test_aws_elastic.py, test_azure_elastic.py) ---
+
+POWER_LOG = "cat /var/log/clusterbake/power.log"
+
+
+def node_status(cluster: Twin) -> dict[str, dict]:
+    """`cluster status --json`'s nodes by name."""
+    return {n["name"]: n for n in json.loads(cluster.cb("cluster", "status", "--json").stdout)["nodes"]}
+
+
+def submit_where_no_capacity_is(cluster: Twin, cloud: str, error_pattern: str) -> str:
+    """With no capacity for any of the group's types, a job on powered-down cpu-2: the resume fails,
+    cpu-2 goes DOWN with the cloud's error (`error_pattern`) and the job is requeued. The job's id."""
+    job = cluster.on("head", "sbatch --parsable --requeue -N1 -w cpu-2 -o /shared/retry.out --wrap hostname")
+    job = job.stdout.strip()
+    reason = wait_for(
+        f"cpu-2 down with {cloud}'s error",
+        lambda: re.search(error_pattern, cluster.on("head", "scontrol show node cpu-2").stdout),
+        timeout=90,
+    )
+    assert reason
+    assert "JobState=PENDING" in cluster.on("head", f"scontrol show job {job}").stdout  # requeued, not lost
+    return job
+
+
+def requeued_job_runs_when_capacity_is_back(cluster: Twin, job: str) -> None:
+    """The reconcile loop returns cpu-2 after failed_node_cooldown, and the requeued job runs there."""
+    wait_for(
+        "the requeued job done",
+        lambda: "JobState=COMPLETED" in cluster.on("head", f"scontrol show job {job}").stdout,
+        timeout=240,
+    )
+    assert cluster.on("head", "cat /shared/retry.out").stdout.strip() == "cpu-2"
+    assert "cpu-2 down since" in cluster.on("head", POWER_LOG).stdout
+
+
+def growing_keeps_every_address(cluster: Twin, grown_config: dict, path: Path, name: str) -> None:
+    """`cluster up` with max_count 2 -> 4 (grown_config, written to path): cpu-1 and cpu-2 keep their
+    addresses, cpu-3 and cpu-4 get new ones and are powered down."""
+    before = {node: n["address"] for node, n in node_status(cluster).items()}
+    path.write_text(yaml.safe_dump(grown_config, sort_keys=False))
+    bigger = Twin(cluster.env, path, cluster=name)
+    bigger.cb("cluster", "up", timeout=900)
+    after = {node: n["address"] for node, n in node_status(bigger).items()}
+    assert {node: after[node] for node in before} == before
+    assert sorted(set(after) - set(before)) == ["cpu-3", "cpu-4"]
+    assert len(set(after.values())) == len(after)
+    assert {"cpu-3": "idle~", "cpu-4": "idle~"}.items() <= slurm_states(bigger).items()

@@ -44,3 +44,37 @@ def test_the_record_is_private_and_round_trips(tmp_path):
         "inputs": "d" * 64,
         "head": {"files": {"/etc/x": "aa"}, "services": {"munge": "active"}},
     }
+
+
+def test_whether_a_node_runs_is_not_an_input(tmp_path):
+    # slurm.conf lists every planned node, running or not: a node that booted, stopped or powered
+    # down since the last configure is no reason to run the play again.
+    def inventory(running: bool, power: str) -> dict:
+        hostvars = {"head": {"a": 1}, "cpu-1": {"a": 1, "clusterbake_running": running}}
+        hostvars["cpu-1"]["clusterbake_power_state"] = power
+        return {**INVENTORY, "_meta": {"hostvars": hostvars}}
+
+    first = inputs_digest(CONFIG, inventory(True, "running"), tmp_path)
+    assert inputs_digest(CONFIG, inventory(False, "deallocated"), tmp_path) == first
+
+
+def test_ops_playbooks_and_docs_are_not_inputs(tmp_path):
+    import hashlib
+
+    from clusterbake.images.inputs import hash_repository_inputs
+
+    for name, text in (("ansible/cluster.yml", "a"), ("ansible/ops/drain.yml", "b"), ("roles/x/README.md", "c")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        hash_repository_inputs(h, tmp_path)
+        return h.hexdigest()
+
+    first = digest()
+    (tmp_path / "ansible/ops/drain.yml").write_text("changed")
+    (tmp_path / "roles/x/README.md").write_text("changed")
+    assert digest() == first
+    (tmp_path / "ansible/cluster.yml").write_text("changed")
+    assert digest() != first

@@ -459,8 +459,8 @@ def rendered(run, task: str, index: int = 0, item=None) -> str:
     return (diff[0] if isinstance(diff, list) else diff)["after"]
 
 
-def files_of(part: dict) -> dict[str, tuple[str, str]]:
-    return {f["path"]: (base64.b64decode(f["content_b64"]).decode(), f["mode"]) for f in part["files"]}
+def files_of(part: dict, key: str = "files") -> dict[str, tuple[str, str]]:
+    return {f["path"]: (base64.b64decode(f["content_b64"]).decode(), f["mode"]) for f in part[key]}
 
 
 # --- doca_ofed --------------------------------------------------------------------------------
@@ -618,8 +618,15 @@ def test_amlfs_kernel_check_finds_the_kernels_build(azure_run):
 
 def test_amlfs_lnet_over_tcp_and_mount_units(azure_run):
     part = fact(azure_run, "Describe the AMLFS mounts for the join bundle", "amlfs_client_join_part")
-    assert part["services"] == ["shared.mount", "scratch\\x2dfs.mount"]
-    files = files_of(part)
+    # All in the bundle's mounts, the LNet settings first: written before any mount starts (mount.lustre loads
+    # lnet with them), and mounted before the users are created, like every shared file system.
+    assert set(part) == {"mounts"}
+    assert [m["path"] for m in part["mounts"]] == [
+        "/etc/modprobe.d/lnet.conf",
+        "/etc/systemd/system/shared.mount",
+        "/etc/systemd/system/scratch\\x2dfs.mount",
+    ]
+    files = files_of(part, "mounts")
     lnet, mode = files["/etc/modprobe.d/lnet.conf"]
     assert mode == "0644"
     assert [line for line in lnet.splitlines() if not line.startswith("#")] == ['options lnet networks="tcp(eth0)"']

@@ -149,3 +149,87 @@ def test_image_base_and_slurm_plugin_defaults_in_one_place(tmp_path):
     for key, value in SLURM_PLUGIN_DEFAULTS["cloud"].items():
         description = SlurmConfig.model_fields[key].description
         assert value in description and SLURM_PLUGIN_DEFAULTS["ubuntu-22.04"][key] in description
+
+
+# --- accounting -----------------------------------------------------------------------------
+
+USERS = MINIMAL + "users:\n  - {name: alice, uid: 2001}\n  - {name: bob, uid: 2002, account: vision}\n"
+
+
+def test_accounting_is_on_by_default_with_one_account_for_everyone(tmp_path):
+    from clusterbake.inventory import accounting_vars
+
+    config = load_config(write(tmp_path, MINIMAL + "users:\n  - {name: alice, uid: 2001}\n"))
+    assert config.accounting.enabled and config.accounting.database is None
+    assert [a.name for a in config.accounting.effective_accounts()] == ["general"]
+    assert accounting_vars(config)["users"] == [{"name": "alice", "account": "general"}]
+
+
+def test_users_join_their_account_or_the_first_one(tmp_path):
+    from clusterbake.inventory import accounting_vars
+
+    text = USERS + "accounting:\n  accounts:\n    - {name: research, fairshare: 3}\n    - {name: vision}\n"
+    variables = accounting_vars(load_config(write(tmp_path, text)))
+    assert variables["users"] == [{"name": "alice", "account": "research"}, {"name": "bob", "account": "vision"}]
+    assert variables["accounts"][0] == {"name": "research", "description": "", "fairshare": 3}
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (USERS, "users.1.account: 'vision' is not an account (accounting.accounts: general)"),
+        (
+            MINIMAL + "accounting:\n  accounts:\n    - {name: a}\n    - {name: a}\n",
+            "accounting.accounts: duplicate name 'a'",
+        ),
+        (MINIMAL + "accounting:\n  accounts:\n    - {name: Research}\n", "accounting.accounts.0.name"),
+        (MINIMAL + "accounting:\n  decay_half_life: a week\n", "accounting.decay_half_life"),
+        (MINIMAL + "accounting:\n  database: {host: db.example.com}\n", "accounting.database.password_file: required"),
+    ],
+)
+def test_accounting_errors_name_the_field(tmp_path, text, expected):
+    assert expected in error_for(tmp_path, text)
+
+
+def external(tmp_path, password: str | None = "s3cret-Pass_word", mode: int = 0o600, ca: str | None = None):
+    from clusterbake.config import check_accounting_files
+
+    secret = tmp_path / "db.password"
+    if password is not None:
+        secret.write_text(password + "\n")
+        secret.chmod(mode)
+    text = MINIMAL + f"accounting:\n  database:\n    host: db.abc.rds.amazonaws.com\n    password_file: {secret}\n"
+    if ca is not None:
+        (tmp_path / "ca.pem").write_text(ca)
+        text += f"    ca_file: {tmp_path / 'ca.pem'}\n"
+    check_accounting_files(load_config(write(tmp_path, text)))
+
+
+def test_an_external_databases_password_file_is_checked_before_anything_is_created(tmp_path):
+    external(tmp_path)  # a good one passes
+    external(tmp_path, ca="-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    for index, (kwargs, message) in enumerate(
+        (
+            ({"password": None}, "is not a file on this machine"),
+            ({"mode": 0o644}, "is readable by others; chmod 600"),
+            ({"password": "has#hash1"}, "without '#'"),
+            ({"password": "two words"}, "blanks"),
+            ({"password": "short"}, "8 to 128 characters"),
+            ({"ca": "not a certificate"}, "accounting.database.ca_file"),
+        )
+    ):
+        (tmp_path / str(index)).mkdir()
+        with pytest.raises(ConfigError, match=message):
+            external(tmp_path / str(index), **kwargs)
+
+
+def test_the_cli_refuses_a_bad_password_file_with_exit_status_2(tmp_path):
+    secret = tmp_path / "db.password"
+    secret.write_text("with#hash\n")
+    secret.chmod(0o600)
+    path = write(tmp_path, MINIMAL + f"accounting:\n  database: {{host: db.example.com, password_file: {secret}}}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "clusterbake.cli", "--config", str(path), "validate"], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "accounting.database.password_file" in result.stderr
+    assert "with#hash" not in result.stderr + result.stdout  # the password is never printed

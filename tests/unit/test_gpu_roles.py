@@ -35,6 +35,7 @@ HOST_FILES = [
     Path("/etc/apt/preferences.d/clusterbake-nvidia-driver"),
     Path("/etc/apt/preferences.d/clusterbake-nccl"),
     Path("/etc/apt/preferences.d/clusterbake-dcgm"),
+    Path("/etc/systemd/system/nvidia-dcgm-exporter.service.d/clusterbake.conf"),
 ]
 
 sys.path.insert(0, str(REPO / "roles" / "lustre_client" / "filter_plugins"))
@@ -134,6 +135,8 @@ def test_check_mode_changes_nothing_on_the_host(check_run):
         "Record the plugin's path for the node's fabric profile",
         "Pin NCCL to the manifest's version",
         "Pin DCGM to the manifest's version",
+        "Create the drop-in directory of dcgm-exporter",
+        "Point dcgm-exporter at the node's host engine",
         "Let FUSE mounts allow other users (user_allow_other)",
     }
     ran = {r["task"] for r in check_run["records"]}
@@ -141,6 +144,7 @@ def test_check_mode_changes_nothing_on_the_host(check_run):
         "Install the kernel headers and the open GPU kernel modules",
         "Run the EFA installer",
         "Install mount-s3",
+        "Install dcgm-exporter",
     ):
         assert not any(fetching in task for task in ran)
 
@@ -177,6 +181,18 @@ def test_nccl_and_dcgm_pins(check_run, manifest):
     assert f"Pin: version {manifest['nccl']['version']}+cuda{manifest['cuda']['version']}" in nccl
     dcgm = rendered(check_run, "Pin DCGM to the manifest's version")
     assert f"Pin: version {manifest['dcgm']['version']}\n" in dcgm
+    # dcgm-exporter at the release NVIDIA pairs with it, with or without an epoch.
+    exporter = dcgm.split("Package: datacenter-gpu-manager-exporter\n", 1)[1]
+    assert exporter.startswith(f"Pin: version *{manifest['dcgm_exporter']['version']}-*\nPin-Priority: 1001")
+
+
+def test_dcgm_exporter_talks_to_the_nodes_host_engine(check_run):
+    unit = rendered(check_run, "Point dcgm-exporter at the node's host engine")
+    assert "Requires=nvidia-dcgm.service\nAfter=nvidia-dcgm.service\n" in unit
+    lines = unit.splitlines()
+    assert lines[lines.index("ExecStart=") + 1] == (
+        "ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv -a :9400 -r localhost:5555"
+    )
 
 
 def test_cuda_profile_puts_the_pinned_toolkit_on_path(check_run, manifest, tmp_path):
@@ -266,6 +282,7 @@ def test_versions_json_gets_a_gpu_section_from_every_role(check_run, manifest):
     )
     assert gpu["lustre_client"]["candidate"] == "2.15.6-1fsx1"
     assert gpu["mountpoint_s3"]["version"] == manifest["mountpoint_s3"]["version"]
+    assert gpu["dcgm"]["exporter"] == manifest["dcgm_exporter"]["version"]
 
 
 # --- configure: join parts ------------------------------------------------------------
@@ -275,7 +292,7 @@ def test_gpu_services_are_enabled_per_node_through_the_join_bundle(check_run):
     driver = fact(check_run, "Describe the GPU services for the join bundle", "nvidia_driver_join_part")
     assert driver == {"services": ["nvidia-fabricmanager", "nvidia-persistenced"]}
     assert fact(check_run, "Describe the DCGM host engine for the join bundle", "dcgm_join_part") == {
-        "services": ["nvidia-dcgm"]
+        "services": ["nvidia-dcgm", "nvidia-dcgm-exporter"]
     }
 
 

@@ -204,3 +204,32 @@ def test_gloo_job_and_training_summary():
 def test_log_without_any_collective_output():
     found = detect_transport("hello\n")
     assert (found.library, found.transport, found.mismatch) == ("unknown", "unknown", False)
+
+
+def test_progress_lines_for_people_and_other_lines_as_they_are():
+    from clusterbake.job_report import progress_line
+
+    step = {"event": "step", "time": 1.0, "step": 3, "loss": 4.80259, "tokens_per_s": 4574.3, "step_s": 0.4477}
+    assert progress_line(event(step)) == "[rank0]: step 3: loss 4.8026, 4,574 tokens/s, 0.45 s/step"
+    checkpoint = {"event": "checkpoint", "step": 6, "path": "/shared/checkpoints/x/step6", "reason": "interval"}
+    assert progress_line(f"CLUSTERBAKE_EVENT {json.dumps(checkpoint)}") == (
+        "checkpoint at step 6: /shared/checkpoints/x/step6 (interval)"
+    )
+    done = {"event": "done", "steps": 12, "first_loss": 5.638, "final_loss": 3.41}
+    assert progress_line(f"CLUSTERBAKE_EVENT {json.dumps(done)}") == "done: 12 steps, loss 5.638 -> 3.410"
+    assert progress_line("plain output") == "plain output"
+    assert progress_line("garbage CLUSTERBAKE_EVENT {not json") == "garbage CLUSTERBAKE_EVENT {not json"
+
+
+def test_streamed_output_is_rendered_by_whole_lines():
+    import io
+
+    from clusterbake.jobs import LineStream
+
+    out = io.StringIO()
+    stream = LineStream(out, str.upper)
+    stream.write("first li")
+    assert out.getvalue() == ""
+    stream.write("ne\nsecond\nthi")
+    stream.write("rd", final=True)
+    assert out.getvalue() == "FIRST LINE\nSECOND\nTHIRD\n"

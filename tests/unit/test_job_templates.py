@@ -34,6 +34,9 @@ TRAINING = """#!/bin/bash
 request="$CLUSTERBAKE_CHECKPOINT_DIR/CHECKPOINT_REQUESTED"
 case "$STUB_MODE" in
   finish) sleep 1.5; exit 0 ;;
+  save) mkdir -p "$CLUSTERBAKE_CHECKPOINT_DIR/step5" && echo weights > "$CLUSTERBAKE_CHECKPOINT_DIR/step5/model.pt" \
+        && echo step5 > "$CLUSTERBAKE_CHECKPOINT_DIR/latest"; sleep 0.3; exit 0 ;;
+  resume) cat "$CLUSTERBAKE_CHECKPOINT_DIR/latest" "$CLUSTERBAKE_CHECKPOINT_DIR/step5/model.pt"; exit 0 ;;
   checkpoint) for _ in $(seq 100); do [ -e "$request" ] && rm -f "$request" && exit 0; sleep 0.05; done; exit 9 ;;
 esac
 """
@@ -46,12 +49,15 @@ def stubs(tmp_path):
     for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("torchrun-node", TRAINING)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    # The jobs directory: the stand-ins, and the real gpu-check (a node without GPUs here).
-    (bin_dir / "gpu-check").write_text((JOBS / "gpu-check").read_text())
+    # The jobs directory: the stand-ins, and the real gpu-check (a node without GPUs here)
+    # and checkpoint-copy.
+    for real in ("gpu-check", "checkpoint-copy"):
+        (bin_dir / real).write_text((JOBS / real).read_text())
+        (bin_dir / real).chmod(0o755)
     return tmp_path
 
 
-def run_template(stubs: Path, mode: str, usr1_after: float | None) -> tuple[int, str, str]:
+def run_template(stubs: Path, mode: str, usr1_after: float | None, **extra: str) -> tuple[int, str, str]:
     log = stubs / "stub.log"
     env = {
         **os.environ,
@@ -64,6 +70,7 @@ def run_template(stubs: Path, mode: str, usr1_after: float | None) -> tuple[int,
         "SLURM_JOB_NAME": "t",
         "SLURM_JOB_NODELIST": "node-1",
         "SLURM_NNODES": "1",
+        **extra,
     }
     process = subprocess.Popen(
         ["bash", str(JOBS / "deepspeed.sbatch"), "train.py"], env=env, stdout=subprocess.PIPE, text=True
@@ -94,6 +101,38 @@ def test_no_signal_no_requeue(stubs):
     assert status == 0 and "scontrol requeue" not in calls
 
 
+def test_each_checkpoint_is_copied_to_durable_storage_before_the_job_ends(stubs):
+    durable = stubs / "durable" / "t"
+    status, out, _ = run_template(stubs, "save", usr1_after=None, CLUSTERBAKE_CHECKPOINT_COPY=str(durable))
+    assert status == 0, out
+    assert f"checkpoint copies in {durable}" in out
+    assert (durable / "latest").read_text() == "step5\n"
+    assert (durable / "step5" / "model.pt").read_text() == "weights\n"
+
+
+def test_a_run_without_its_checkpoint_directory_restores_from_the_copy(stubs):
+    durable = stubs / "durable" / "t"
+    (durable / "step5").mkdir(parents=True)
+    (durable / "step5" / "model.pt").write_text("weights\n")
+    (durable / "latest").write_text("step5\n")
+    status, out, _ = run_template(stubs, "resume", usr1_after=None, CLUSTERBAKE_CHECKPOINT_COPY=str(durable))
+    assert status == 0, out
+    assert "step5\nweights\n" in out  # the training found the checkpoint in its directory
+
+
+def test_the_copy_root_comes_from_the_nodes_settings_plus_the_job_name(stubs, tmp_path):
+    settings = tmp_path / "checkpoints.env"
+    settings.write_text(f"CLUSTERBAKE_CHECKPOINT_COPY_ROOT={tmp_path / 'root'}/\n")
+    script = (JOBS / "deepspeed.sbatch").read_text().replace("/etc/clusterbake/checkpoints.env", str(settings))
+    (stubs / "bin" / "job.sbatch").write_text(script)
+    env = {**os.environ, "PATH": f"{stubs / 'bin'}:{os.environ['PATH']}", "STUB_LOG": str(stubs / "log"),
+           "STUB_MODE": "save", "CLUSTERBAKE_JOBS_DIR": str(stubs / "bin"), "SLURM_JOB_ID": "1",
+           "SLURM_JOB_NAME": "named", "CLUSTERBAKE_CHECKPOINT_DIR": str(stubs / "ckpt"),
+           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1"}  # fmt: skip
+    subprocess.run(["bash", str(stubs / "bin" / "job.sbatch"), "train.py"], env=env, check=True, capture_output=True)
+    assert (tmp_path / "root" / "named" / "latest").read_text() == "step5\n"
+
+
 def test_nccl_tests_passes_its_default_arguments_as_separate_words(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -116,23 +155,35 @@ def test_nccl_tests_passes_its_default_arguments_as_separate_words(tmp_path):
     assert (tmp_path / "log").read_text().strip().endswith(f"<{tests}><-b><8><-e><8G><-f><2><-g><1>")
 
 
+# A 22.05 slurmctld's `scontrol show job` lines (TRES: with accounting of gres/gpu an --exclusive job's TRES
+# counts the node's GPUs, asked for or not).
 GPU_SCONTROL = """#!/bin/bash
 case "$1 $2" in
   "show node") echo "   Gres=gpu:h100:8(S:0-1)" ;;
-  "show job") echo "   TRES=cpu=192,mem=1900G,node=1,billing=192"; [ -n "$ASKED" ] && echo "   TresPerNode=$ASKED" ;;
+  "show job") echo "   TRES=cpu=192,mem=1900G,node=1,billing=192$TRES_GPUS"; [ -n "$ASKED" ] && echo "   $ASKED" ;;
 esac
 exit 0
 """
 
 
-@pytest.mark.parametrize("asked, allowed", [("", False), ("gres:gpu:8", True)])
-def test_a_gpu_nodes_job_must_ask_for_its_gpus(tmp_path, asked, allowed):
+@pytest.mark.parametrize(
+    "asked, tres_gpus, allowed",
+    [
+        ("", "", False),
+        ("", ",gres/gpu=8", False),  # exclusive, no GPU asked: accounting's TRES is no request
+        ("TresPerNode=gres:gpu:8", ",gres/gpu=8", True),
+        ("TresPerJob=gres:gpu:16", ",gres/gpu=8", True),
+        ("TresPerTask=gres:gpu:1", ",gres/gpu=8", True),
+    ],
+)
+def test_a_gpu_nodes_job_must_ask_for_its_gpus(tmp_path, asked, tres_gpus, allowed):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(GPU_SCONTROL)
     (bin_dir / "scontrol").chmod(0o755)
     script = f". {JOBS / 'gpu-check'} || exit $?\necho allowed\n"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "ASKED": asked}
+    env["TRES_GPUS"] = tres_gpus
     env["SLURM_GPUS_ON_NODE"] = "8"  # what the batch shell of an --exclusive job may see without GPUs
     result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
     if allowed:

@@ -262,3 +262,66 @@ def test_changed_unit_of_a_busy_mount_waits_for_the_next_boot(root, systemd):
     assert "systemctl start home.mount" not in systemd()
     assert (root / "etc/systemd/system/home.mount").read_text() == changed_unit
     assert (systemd.state / "active" / "home.mount").exists()
+
+
+# --- users that leave the bundle ------------------------------------------------------------
+
+FAKE_USERDEL = """#!/bin/sh
+# userdel/groupdel stand-in for a root directory: `NAME --root ROOT ENTRY` drops ENTRY's line.
+echo "$(basename "$0") $*" >> "$FAKE_ACCOUNTS_LOG"
+table=passwd; [ "$(basename "$0")" = groupdel ] && table=group
+sed -i "/^$3:/d" "$2/etc/$table"
+"""
+
+
+@pytest.fixture
+def accounts(tmp_path, monkeypatch):
+    """Fake userdel and groupdel on PATH; returns a function giving their calls."""
+    bin_dir = tmp_path / "accounts-bin"
+    bin_dir.mkdir()
+    for name in ("userdel", "groupdel"):
+        (bin_dir / name).write_text(FAKE_USERDEL)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "accounts.log"
+    monkeypatch.setenv("FAKE_ACCOUNTS_LOG", str(log))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return lambda: log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_user_that_leaves_the_bundle_is_removed(root, tmp_path, accounts):
+    first = changed(join(root, bundle(), tmp_path))
+    assert "users record" in first
+    assert json.loads((root / "var/lib/clusterbake/join-users.json").read_text()) == {"users": ["alice"]}
+    result = changed(join(root, bundle(users=[]), tmp_path))
+    assert "removed user alice" in result
+    assert accounts() == [f"userdel --root {root} alice", f"groupdel --root {root} alice"]
+    assert "alice:" not in (root / "etc/passwd").read_text() and "alice:" not in (root / "etc/group").read_text()
+    assert not (root / "etc/sudoers.d/alice").exists()
+    assert json.loads((root / "var/lib/clusterbake/join-users.json").read_text()) == {"users": []}
+    assert changed(join(root, bundle(users=[]), tmp_path)) == []
+
+
+def test_only_users_a_bundle_had_are_ever_removed(root, tmp_path, accounts):
+    """An account of the image or a local one (alice here, never in a bundle this node applied) stays."""
+    assert "removed user alice" not in changed(join(root, bundle(users=[]), tmp_path))
+    assert accounts() == []
+    assert "alice:" in (root / "etc/passwd").read_text()
+
+
+def test_a_file_among_the_mounts_is_written_before_any_unit_starts(root, systemd):
+    """The LNet settings (role amlfs_client) ride with the Lustre unit: mount.lustre reads them when it loads lnet."""
+    lnet = {
+        "path": "/etc/modprobe.d/lnet.conf",
+        "content_b64": base64.b64encode(b'options lnet networks="tcp(eth0)"\n').decode(),
+        "mode": "0644",
+    }
+    assert live_mounts(root, [lnet, mount_spec()]) == [
+        "/etc/modprobe.d/lnet.conf",
+        "/etc/systemd/system/home.mount",
+        "enabled home.mount",
+        "mounted home.mount",
+    ]
+    assert (root / "etc/modprobe.d/lnet.conf").read_text() == 'options lnet networks="tcp(eth0)"\n'
+    calls = systemd()
+    assert calls[0] == "systemctl daemon-reload"  # both files are written before anything is started
+    assert not any("lnet" in call for call in calls)  # a plain file: no unit of its name is enabled or started

@@ -25,7 +25,7 @@ from playbook_run import ANSIBLE_PLAYBOOK, REPO, playbook_env, run_playbook
 
 sys.path.insert(0, str(REPO / "roles" / "shared_storage" / "filter_plugins"))
 sys.path.insert(0, str(REPO / "ansible" / "filter_plugins"))
-from shared_storage import shared_storage_lustre_mounts
+from shared_storage import shared_storage_amlfs_mounts, shared_storage_blob_mounts, shared_storage_lustre_mounts
 from systemd_units import systemd_mount_unit
 
 HEAD, CPU, GPU = "10.0.1.10", "10.0.1.11", "10.0.1.12"
@@ -35,7 +35,12 @@ STORAGE = [
     {"name": "data", "mount_point": "/shared/data-2026", "type": "nfs"},
     {"name": "scratch", "mount_point": "/scratch", "type": "fsx_lustre", "deployment_type": "SCRATCH_2"},
     {"name": "cache", "mount_point": "/cache", "type": "hostdir"},
+    {"name": "datasets", "mount_point": "/datasets", "type": "azure_files", "quota_gib": 100, "retain": False},
+    {"name": "lustre", "mount_point": "/lustre", "type": "amlfs", "fs_name": "lustrefs", "mgs_address": None},
+    {"name": "corpus", "mount_point": "/corpus", "type": "azure_blob", "read_only": True, "cache_size_mb": 2048},
 ]
+BLOB_ACCOUNT = "cb00112233445566778899aa"
+NODE_IDENTITY = "0b4c2a5e-8f1d-4c3e-9a7b-2d6e1f0c9b8a"
 ENDPOINTS = {
     "home": {
         "type": "efs",
@@ -48,6 +53,18 @@ ENDPOINTS = {
         "file_system_id": "fs-0fedcba9876543210",
         "dns_name": "fs-0fedcba9876543210.fsx.us-east-1.amazonaws.com",
         "mount_name": "abcdefgh",
+    },
+    "datasets": {
+        "dns_name": "cb0123456789abcdef012345.file.core.windows.net",
+        "export": "/cb0123456789abcdef012345/datasets",
+        "account": "cb0123456789abcdef012345",
+    },
+    "lustre": {"mgs_address": "10.0.1.4", "fs_name": "lustrefs", "file_system": "clusterbake-t-lustre"},
+    "corpus": {
+        "account": BLOB_ACCOUNT,
+        "container": "corpus",
+        "endpoint": f"https://{BLOB_ACCOUNT}.blob.core.windows.net",
+        "read_only": True,
     },
 }
 # The `lustre` group's own mounts (the provider's inventory var), on gpu-1 only.
@@ -76,6 +93,7 @@ def inventory(tmp: Path) -> dict:
                 "clusterbake_storage": STORAGE,
                 "clusterbake_storage_endpoints": ENDPOINTS,
                 "clusterbake_subnet_cidr": "10.0.0.0/16",
+                "blobfuse2_identity_client_id": NODE_IDENTITY,
                 "munge_key_file": str(tmp / "munge.key"),
                 "node_join_program": str(tmp / "fake-join"),
                 "node_join_bundle_path": str(tmp / "bundles") + "/{{ inventory_hostname }}.json",
@@ -139,21 +157,35 @@ EFS_MOUNT = [
     "Type=nfs4",
     "Options=nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev",
 ]
+# Microsoft's options for NFS Azure file shares ("Mount NFS Azure file share on Linux"), plus hard and _netdev.
+AZURE_FILES_MOUNT = [
+    "What=cb0123456789abcdef012345.file.core.windows.net:/cb0123456789abcdef012345/datasets",
+    "Where=/datasets",
+    "Type=nfs4",
+    "Options=vers=4,minorversion=1,sec=sys,nconnect=4,hard,_netdev",
+]
 
 
 # --- compute nodes ----------------------------------------------------------------
 
 
-def test_compute_nodes_mount_efs_and_the_heads_exports(run):
+def test_compute_nodes_mount_efs_azure_files_and_the_heads_exports(run):
     for host in ("cpu-1", "gpu-1"):
         mounts = decoded(run["bundles"][host]["mounts"])
-        # Config order (/home first), one unit per efs and nfs entry; none for hostdir or fsx_lustre.
+        # One unit per efs, azure_files and nfs entry (cloud services first), then amlfs_client's part (its LNet
+        # settings and the Lustre unit); none for hostdir, fsx_lustre (lustre_client's files) or azure_blob.
         assert list(mounts) == [
             "/etc/systemd/system/home.mount",
+            "/etc/systemd/system/datasets.mount",
             "/etc/systemd/system/shared.mount",
             "/etc/systemd/system/shared-data\\x2d2026.mount",
+            "/etc/modprobe.d/lnet.conf",
+            "/etc/systemd/system/lustre.mount",
         ]
         assert mount_section(mounts["/etc/systemd/system/home.mount"]) == EFS_MOUNT
+        assert mount_section(mounts["/etc/systemd/system/datasets.mount"]) == AZURE_FILES_MOUNT
+        docs = "https://learn.microsoft.com/azure/storage/files/storage-files-how-to-mount-nfs-shares"
+        assert f"Documentation={docs}" in mounts["/etc/systemd/system/datasets.mount"]
         assert mount_section(mounts["/etc/systemd/system/shared.mount"]) == [
             f"What={HEAD}:/shared",
             "Where=/shared",
@@ -169,8 +201,47 @@ def test_compute_nodes_mount_efs_and_the_heads_exports(run):
         assert all(s["mode"] == "0644" for s in run["bundles"][host]["mounts"])
 
 
+def test_amlfs_entries_mount_through_amlfs_client_on_every_node(run):
+    # No host is in group `amlfs`: the storage entry alone brings the Lustre part, LNet over TCP on eth0.
+    for host in ("head", "cpu-1", "gpu-1"):
+        mounts = decoded(run["bundles"][host]["mounts"])
+        lnet = [line for line in mounts["/etc/modprobe.d/lnet.conf"].splitlines() if not line.startswith("#")]
+        assert lnet == ['options lnet networks="tcp(eth0)"']
+        assert mount_section(mounts["/etc/systemd/system/lustre.mount"]) == [
+            "What=10.0.1.4@tcp:/lustrefs",
+            "Where=/lustre",
+            "Type=lustre",
+            "Options=noatime,flock,_netdev",  # Microsoft's "Connect clients" options, plus _netdev
+        ]
+
+
+def test_blob_entries_mount_through_blobfuse2_with_the_nodes_identity(run):
+    for host in ("head", "cpu-1", "gpu-1"):
+        bundle = run["bundles"][host]
+        files = decoded(bundle["files"])
+        config = yaml.safe_load(files["/etc/blobfuse2/corpus.yaml"])
+        assert config["azstorage"] == {
+            "type": "block",
+            "account-name": BLOB_ACCOUNT,
+            "container": "corpus",
+            "endpoint": f"https://{BLOB_ACCOUNT}.blob.core.windows.net",
+            "mode": "msi",
+            "appid": NODE_IDENTITY,
+        }
+        assert config["read-only"] is True
+        assert config["file_cache"]["max-size-mb"] == 2048
+        assert "clusterbake-blobfuse2-corpus.service" in bundle["services"]
+        assert "/corpus" not in {_unit_where(u) for u in decoded(bundle["mounts"]).values()}
+
+
+def _unit_where(unit: str) -> str:
+    return next((line[6:] for line in unit.splitlines() if line.startswith("Where=")), "")
+
+
 def test_units_wait_for_the_network_and_mount_at_boot(run):
-    for unit in decoded(run["bundles"]["cpu-1"]["mounts"]).values():
+    for path, unit in decoded(run["bundles"]["cpu-1"]["mounts"]).items():
+        if not path.endswith(".mount"):
+            continue
         assert "Wants=network-online.target\nAfter=network-online.target\n" in unit
         assert unit.endswith("[Install]\nWantedBy=remote-fs.target\n")
 
@@ -195,10 +266,16 @@ def test_fsx_lustre_entries_go_through_lustre_client_on_every_node(run):
 # --- the head -------------------------------------------------------------------
 
 
-def test_head_mounts_efs_but_not_its_own_exports(run):
+def test_head_mounts_efs_and_azure_files_but_not_its_own_exports(run):
     mounts = decoded(run["bundles"]["head"]["mounts"])
-    assert list(mounts) == ["/etc/systemd/system/home.mount"]
+    assert list(mounts) == [
+        "/etc/systemd/system/home.mount",
+        "/etc/systemd/system/datasets.mount",
+        "/etc/modprobe.d/lnet.conf",
+        "/etc/systemd/system/lustre.mount",
+    ]
     assert mount_section(mounts["/etc/systemd/system/home.mount"]) == EFS_MOUNT
+    assert mount_section(mounts["/etc/systemd/system/datasets.mount"]) == AZURE_FILES_MOUNT
 
 
 def test_head_exports_the_nfs_entries_with_root_squash(run):
@@ -218,15 +295,17 @@ def test_nfs_units_are_bundle_mounts_not_files(run):
     # The join program mounts `mounts` before it creates the users; `files` come after them.
     for bundle in run["bundles"].values():
         assert not any("Type=nfs4" in text for text in decoded(bundle["files"]).values())
-        assert all("Type=nfs4" in text for text in decoded(bundle["mounts"]).values())
+        units = [text for path, text in decoded(bundle["mounts"]).items() if path.endswith(".mount")]
+        assert all("Type=nfs4" in text or "Type=lustre" in text for text in units)
 
 
 def test_head_sets_the_root_directory_modes_after_the_join(run):
     fs = run["tmp"] / "fs"
     assert stat.S_IMODE((fs / "home").stat().st_mode) == 0o755
-    for directory in ("shared", "shared/data-2026", "scratch"):
+    for directory in ("shared", "shared/data-2026", "scratch", "lustre"):
         assert stat.S_IMODE((fs / directory).stat().st_mode) == 0o1777, directory
     assert not (fs / "cache").exists()  # hostdir: the provider's
+    assert not (fs / "corpus").exists()  # a blob container has no modes to set
 
 
 def test_head_exports_new_directories_once(run):
@@ -253,7 +332,7 @@ def test_hostdir_storage_produces_nothing(run):
         assert facts["shared_storage_lustre_mounts"] == []
 
 
-@pytest.mark.parametrize("case", ["efs-no-endpoint", "relative-path"])
+@pytest.mark.parametrize("case", ["efs-no-endpoint", "azure-files-no-export", "relative-path"])
 def test_bad_entries_fail_in_the_check(run, case):
     assert not any(r["task"].endswith("Case did not fail") and r["status"] != "skipped" for r in run["records"])
     (rescued,) = [r for r in run["records"] if r["task"].endswith(f"Case {case} failed as expected")]
@@ -281,7 +360,67 @@ def test_unit_names_match_systemd_escape(path, expected):
         assert tool.stdout.strip() == expected
 
 
+def test_amlfs_and_blob_mounts_from_storage_entries():
+    assert shared_storage_amlfs_mounts(STORAGE, ENDPOINTS) == [
+        {"mgs_address": "10.0.1.4", "fs_name": "lustrefs", "path": "/lustre"}
+    ]
+    assert shared_storage_blob_mounts(STORAGE, ENDPOINTS) == [
+        {
+            "account": BLOB_ACCOUNT,
+            "container": "corpus",
+            "endpoint": f"https://{BLOB_ACCOUNT}.blob.core.windows.net",
+            "path": "/corpus",
+            "read_only": True,
+            "cache_size_mb": 2048,
+        }
+    ]
+
+
 def test_lustre_mounts_from_storage_entries():
     assert shared_storage_lustre_mounts(STORAGE, ENDPOINTS) == [
         {"dns_name": ENDPOINTS["scratch"]["dns_name"], "mount_name": "abcdefgh", "path": "/scratch"}
+    ]
+
+
+# --- blobfuse2's config file against its documented schema ------------------------------
+
+SCHEMA = json.loads((REPO / "tests" / "unit" / "data" / "blobfuse2-config-schema.json").read_text())
+
+
+def schema_problems(config: dict) -> list[str]:
+    """What of a blobfuse2 config is not in blobfuse2's documented schema (tests/unit/data/README.md)."""
+    problems = [f"unknown top-level key {k}" for k in config if k not in SCHEMA["top_level"]]
+    order = SCHEMA["components_order"]
+    components = config.get("components", [])
+    if [c for c in order if c in components] != components:
+        problems.append(f"components {components} not in blobfuse2's order {order}")
+    for group in SCHEMA["exclusive_components"]:
+        if all(c in components for c in group):
+            problems.append(f"components {group} cannot be used together")
+    for section, keys in SCHEMA["sections"].items():
+        problems += [f"unknown key {section}.{k}" for k in config.get(section, {}) if k not in keys]
+    for dotted, allowed in SCHEMA["values"].items():
+        section, key = dotted.split(".")
+        if key in config.get(section, {}) and config[section][key] not in allowed:
+            problems.append(f"{dotted}: {config[section][key]} is not one of {allowed}")
+    for section, keys in SCHEMA["required"].items():
+        problems += [f"{section}.{k} is required" for k in keys if k not in config.get(section, {})]
+    problems += [f"{c} is configured but not a component" for c in SCHEMA["sections"] if c in config and c not in
+                 components and c != "logging"]  # fmt: skip
+    return problems
+
+
+def test_blobfuse2_config_follows_blobfuse2s_documented_schema(run):
+    config = yaml.safe_load(decoded(run["bundles"]["cpu-1"]["files"])["/etc/blobfuse2/corpus.yaml"])
+    assert schema_problems(config) == []
+    # The check itself finds what blobfuse2 would refuse.
+    broken = {**config, "azstorage": {**config["azstorage"], "mode": "identity", "accountname": "x"}}
+    broken["components"] = ["azstorage", "libfuse", "block_cache", "file_cache"]
+    assert schema_problems(broken) == [
+        "components ['azstorage', 'libfuse', 'block_cache', 'file_cache'] not in blobfuse2's order "
+        f"{SCHEMA['components_order']}",
+        "components ['block_cache', 'file_cache'] cannot be used together",
+        "unknown key azstorage.accountname",
+        "azstorage.mode: identity is not one of ['key', 'sas', 'spn', 'msi', 'azcli']",
+        "attr_cache is configured but not a component",
     ]

@@ -123,10 +123,23 @@ CASES = {
         [partition("cpu", ["cpu"], default=True), partition("gpu", ["gpu-h100"], max_time="2-00:00:00")],
         slurm_config={"slurmdtimeout": 600, "EnforcePartLimits": True, "PropagateResourceLimitsExcept": "MEMLOCK"},
     ),
+    # The config's accounting defaults (clusterbake_accounting), on the local shape.
+    "accounting": inventory(
+        {"cpu": (["cpu-1", "cpu-2"], node(2, 4096, features=["cpu"]))},
+        [partition("cpu", ["cpu"], default=True)],
+        clusterbake_accounting={
+            "enabled": True,
+            "enforce_associations": True,
+            "fairshare_weight": 10000,
+            "age_weight": 1000,
+            "decay_half_life": "7-0",
+        },
+        **LOCAL_PLUGINS,
+    ),
 }
 
 # cgroup.conf only exists where slurm_cgroup_enabled (not in the local case).
-GOLDEN_FILES = [("local", "slurm.conf"), ("gpu", "slurm.conf"), ("gpu", "cgroup.conf")]
+GOLDEN_FILES = [("local", "slurm.conf"), ("gpu", "slurm.conf"), ("gpu", "cgroup.conf"), ("accounting", "slurm.conf")]
 
 
 @pytest.mark.parametrize(("case", "template"), GOLDEN_FILES)
@@ -157,6 +170,34 @@ def test_gpu_case_compresses_hosts_and_declares_gres():
     assert "SlurmdTimeout=600" in lines
     assert "EnforcePartLimits=YES" in lines
     assert not any(line.lower().startswith("slurmdtimeout=300") for line in lines)
+
+
+def test_accounting_sends_jobs_to_slurmdbd_with_gpus_and_orders_by_fair_share():
+    lines = render("slurm.conf.j2", CASES["accounting"]).splitlines()
+    assert {
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=head",
+        "AccountingStoragePort=6819",
+        "AccountingStorageTRES=gres/gpu",
+        "AccountingStorageEnforce=associations",
+        "PriorityType=priority/multifactor",
+    } <= set(lines)
+    # Without accounting (the local case) none of it, and no enforcement without its switch.
+    assert not any(
+        line.startswith(("Accounting", "Priority")) for line in render("slurm.conf.j2", CASES["local"]).splitlines()
+    )
+    relaxed = inventory({}, [], clusterbake_accounting={"enabled": True, "enforce_associations": False})
+    assert not any(
+        line.startswith("AccountingStorageEnforce") for line in render("slurm.conf.j2", relaxed).splitlines()
+    )
+
+
+def test_turning_accounting_on_or_off_restarts_slurmctld():
+    off = render("slurm.conf.j2", CASES["local"])
+    on = render("slurm.conf.j2", CASES["accounting"])
+    assert filters.slurm_conf_restart_required(off, on) and filters.slurm_conf_restart_required(on, off)
+    weights = on.replace("PriorityWeightAge=1000", "PriorityWeightAge=10")
+    assert not filters.slurm_conf_restart_required(on, weights)  # scontrol reconfigure applies weights
 
 
 def test_cgroup_conf_renders_booleans_as_yes_no():

@@ -53,6 +53,13 @@ RESTART_KEYS = frozenset(
         "TopologyPlugin",
         "PrologFlags",
         "AccountingStorageType",
+        # Read when the accounting and priority plugins start (AccountingStorageEnforce: "A restart of
+        # slurmctld is required", slurm.conf(5) of 22.05; the TRES are set up at slurmctld's start).
+        "AccountingStorageEnforce",
+        "AccountingStorageHost",
+        "AccountingStoragePort",
+        "AccountingStorageTRES",
+        "PriorityType",
     )
 )
 

@@ -83,6 +83,7 @@ def nspawn_argv(
     *,
     readonly_binds: dict[str, Path] | None = None,
     uuid: str | None = None,
+    init_args: list[str] | None = None,
 ) -> list[str]:
     argv = [
         NSPAWN,
@@ -107,7 +108,9 @@ def nspawn_argv(
     if uuid:
         # The machine's identity across boots (systemd takes its machine-id from it).
         argv.insert(-1, f"--uuid={uuid}")
-    return argv
+    # After the options, nspawn hands arguments to the node's init: systemd reads them as its
+    # kernel command line (systemd.mask=..., systemd.unit=...).
+    return argv + list(init_args or [])
 
 
 def _cgroup_hierarchies() -> list[Path]:
@@ -197,6 +200,84 @@ def find_machines(prefix: str) -> dict[str, int]:
     return found
 
 
+def _ns_pids(pid: int) -> list[int]:
+    """The process's PID in each PID namespace it is in, outermost first (NSpid of /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(part) for part in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _cgroup_pids(cgroup: Path) -> list[int]:
+    pids = []
+    for procs in [cgroup / "cgroup.procs", *cgroup.rglob("*/cgroup.procs")]:
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(pid) for pid in procs.read_text().split()]
+    return pids
+
+
+def find_orphans(prefix: str) -> dict[str, int]:
+    """Machines whose nspawn supervisor is gone while the node's init still runs (nspawn killed):
+    {machine: the init's PID}. Found by the machine's own cgroup (spawn() puts it there), where
+    the node's processes stay: the init is the one that is PID 1 of its own PID namespace."""
+    supervised = set(find_machines(prefix))
+    found: dict[str, int] = {}
+    for hierarchy in _cgroup_hierarchies():
+        base = hierarchy / "clusterbake"
+        if not base.is_dir():
+            continue
+        for cgroup in sorted(base.iterdir()):
+            name = cgroup.name
+            if not cgroup.is_dir() or not name.startswith(prefix) or name in supervised or name in found:
+                continue
+            for pid in _cgroup_pids(cgroup):
+                namespaces = _ns_pids(pid)
+                if len(namespaces) > 1 and namespaces[-1] == 1 and alive(pid):
+                    found[name] = pid
+                    break
+    return found
+
+
+def node_inits(prefix: str) -> dict[str, int]:
+    """{machine: PID of its init}: the child of each running nspawn, and orphans' own inits."""
+    inits = {machine: children[0] for machine, pid in find_machines(prefix).items() if (children := _children(pid))}
+    return {**find_orphans(prefix), **inits}
+
+
+def run_inside(inits: dict[str, int], argv: list[str], stdin: bytes | None = None, timeout: float = 300.0):
+    """The same command in many nodes at once, in all of each node's namespaces (nsenter, as a
+    console would: no SSH); {machine: CompletedProcess}."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    started = {
+        machine: subprocess.Popen(
+            ["nsenter", "-t", str(pid), "-a", *argv],
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for machine, pid in inits.items()
+    }
+    results = {}
+    for machine, process in started.items():
+        out, err = process.communicate(stdin, timeout=timeout)
+        results[machine] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return results
+
+
+def end_orphans(inits: list[int], timeout: float = 5.0) -> None:
+    """Kill orphaned nodes' inits (each takes its whole PID namespace with it) and wait for them."""
+    for pid in inits:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    left = [pid for pid in inits if not _wait_gone(pid, timeout)]
+    if left:
+        raise ClusterbakeError(f"the orphaned node inits {left} did not exit after SIGKILL")
+
+
 def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
@@ -237,6 +318,25 @@ def _wait_gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return not alive(pid)
+
+
+def kill_all(pids: list[int]) -> None:
+    """End many machines at once, for nodes whose disks are deleted next (as a cloud deletes a VM
+    without shutting it down): each node's PID 1 is killed, which ends its PID namespace, so
+    nspawn exits; an nspawn still there after 5 s is killed too."""
+    live = [pid for pid in pids if alive(pid)]
+    for pid in live:
+        for init in _children(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while (live := [pid for pid in live if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if live and not all(_wait_gone(pid, 5.0) for pid in live):
+        raise ClusterbakeError(f"nspawn processes {live} did not exit after SIGKILL")
 
 
 def stop(pid: int, timeout: float = 10.0) -> None:

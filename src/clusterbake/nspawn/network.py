@@ -16,6 +16,7 @@ from pathlib import Path
 from clusterbake.errors import ClusterbakeError, ConfigError
 
 NETNS_DIR = Path("/run/netns")
+SYS_NET = Path("/sys/class/net")  # the host namespace's links (this process runs in it)
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -50,7 +51,7 @@ def host_address(subnet: str) -> ipaddress.IPv4Interface:
 
 
 def link_exists(name: str) -> bool:
-    return _ip("link", "show", "dev", name, check=False).returncode == 0
+    return (SYS_NET / name).exists()
 
 
 def check_subnet_free(subnet: str, bridge: str) -> None:
@@ -129,6 +130,17 @@ def remove_node_network(cluster: str, node: str) -> None:
         _ip("link", "del", veth, check=False)
     if (NETNS_DIR / netns_name(cluster, node)).exists():
         _ip("netns", "del", netns_name(cluster, node))
+
+
+def remove_node_networks(cluster: str, nodes: list[str]) -> None:
+    """remove_node_network for many nodes in one `ip -batch` (one process instead of three per node)."""
+    commands = [f"link del {veth_name(cluster, n)}" for n in nodes if (SYS_NET / veth_name(cluster, n)).exists()]
+    commands += [f"netns del {netns_name(cluster, n)}" for n in nodes if (NETNS_DIR / netns_name(cluster, n)).exists()]
+    if commands:
+        script = "\n".join(commands) + "\n"
+        subprocess.run(["ip", "-force", "-batch", "-"], input=script, capture_output=True, text=True)
+    for node in nodes:  # what the batch could not do, one by one with its error
+        remove_node_network(cluster, node)
 
 
 def remove_bridge(cluster: str) -> None:

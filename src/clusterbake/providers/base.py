@@ -7,10 +7,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterbake.config import ClusterConfig
-from clusterbake.errors import ConfigError
+from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.plan import NodeSpec, plan_nodes
 from clusterbake.remote import Endpoint
 from clusterbake.state import ClusterDir, StateDir
+
+
+@dataclass(frozen=True)
+class Price:
+    """A machine's price: USD per hour, or None with `source` saying why it is unknown (a cloud's price
+    API gives it; nothing guesses one)."""
+
+    usd_per_hour: float | None
+    source: str
+
+    @property
+    def known(self) -> bool:
+        return self.usd_per_hour is not None
 
 
 @dataclass
@@ -19,8 +32,9 @@ class NodeStatus:
     role: str
     nodegroup: str
     address: str | None
-    state: str  # running, stopped, absent
+    state: str  # running, stopped, absent (local also: orphaned)
     detail: str = ""
+    image: str | None = None  # the image the node's disk (instance) was made from; None: none, or unknown
 
 
 @dataclass
@@ -148,12 +162,19 @@ class Provider(ABC):
         except Exception as exc:  # the head may be stopped or unreachable: the node goes anyway
             say(f"    warning: could not mark {name} down in Slurm ({str(exc).splitlines()[0]})")
 
-    def after_configure(self) -> None:  # noqa: B027 (optional hook)
-        """After Ansible configured the cluster: publish what nodes fetch by themselves (cloud join bundles)."""
+    def after_configure(self) -> list[str]:
+        """After Ansible configured the cluster: publish what nodes fetch by themselves (cloud join bundles),
+        hand it to running nodes where the provider can. What changed, in words (empty: nothing)."""
+        return []
 
     @abstractmethod
     def destroy(self) -> list[str]:
         """Remove everything the cluster created; returns what was removed. Idempotent."""
+
+    def rollback(self) -> list[str]:
+        """Undo a failed first provision (destroy_after_failed_first_provision); a provider may keep
+        the failure's evidence."""
+        return self.destroy()
 
     @abstractmethod
     def status(self) -> list[NodeStatus]: ...
@@ -171,6 +192,24 @@ class Provider(ABC):
 
     @abstractmethod
     def stop_node(self, name: str) -> None: ...
+
+    def use_image(self, image: Path | str) -> bool:
+        """Make `image` the one new nodes (and replaced ones) boot; running nodes keep theirs. False:
+        it already was."""
+        raise ClusterbakeError(f"moving a cluster to another image is not supported on {self.config.provider} yet")
+
+    def replace_node(self, name: str, image: Path | str | None = None) -> None:
+        """Give a compute node a new disk (instance) from `image`, default the cluster's, and boot it;
+        it joins by itself. Another image becomes the cluster's. Jobs are the caller's to drain first."""
+        raise ClusterbakeError(f"replacing a node is not supported on {self.config.provider} yet")
+
+    def interrupt_node(self, name: str, seconds: int) -> None:
+        """Rehearse a spot reclaim: an interruption notice on the node now, the machine gone after
+        `seconds`. Only the local provider stages one; on a cloud the cloud's own tool does."""
+        raise ClusterbakeError(
+            f"node interrupt: provider {self.config.provider} cannot stage an interruption; use the cloud's "
+            "fault injection (AWS FIS aws:ec2:send-spot-instance-interruptions, Azure `az vm simulate-eviction`)"
+        )
 
     def cost(self) -> CostEstimate | None:
         """The estimated price per hour of the cluster's running machines (`cluster status`);

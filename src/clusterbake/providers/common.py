@@ -1,5 +1,5 @@
-"""SSH access to a cloud provider's nodes (aws, azure): the options, Ansible connection vars, endpoints
-and the wait for the head to answer.
+"""What the cloud providers (aws, azure) share: SSH access to their nodes (the options, Ansible connection
+vars, endpoints and the wait for the head to answer) and the check of a group's fallback sizes.
 
 Host keys are new on every instance/VM: trust on first use, pinned per cluster (known_hosts);
 commands run as root (sudo) through the provider's login user, by way of its bastion if any.
@@ -8,7 +8,7 @@ commands run as root (sudo) through the provider's login user, by way of its bas
 from __future__ import annotations
 
 from clusterbake import remote
-from clusterbake.errors import ClusterbakeError
+from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.remote import Endpoint
 from clusterbake.state import ClusterDir
 
@@ -38,6 +38,7 @@ def connection_vars(cluster: ClusterDir, user: str, options: list[str], extra: d
         "ansible_ssh_private_key_file": str(cluster.ssh_key),
         "ansible_ssh_common_args": " ".join(options),
         "munge_key_file": str(cluster.munge_key),
+        "slurm_accounting_local_password_file": str(cluster.db_password),
         "node_join_controller_dir": str(cluster.join_bundles),
         **extra,
     }
@@ -66,3 +67,29 @@ def wait_ssh(endpoint: Endpoint, timeout: float, hint: str) -> None:
         raise
     except remote.RemoteError as exc:
         raise ClusterbakeError(f"{exc}\n{hint}") from exc
+
+
+def check_fallback_types(field: str, infos: list) -> None:
+    """Every fallback type can take the primary's Slurm spec: the same vCPUs (slurmd drains a node
+    with other CPUs than slurm.conf says), at least its memory and its GPUs (model and count)."""
+    primary, *fallbacks = infos
+    for index, info in enumerate(fallbacks, start=1):
+        where = f"{field}.instance_types.{index}"
+        if info.vcpus != primary.vcpus:
+            raise ConfigError(
+                f"{where}: {info.name} has {info.vcpus} vCPUs, the primary {primary.name} {primary.vcpus}; "
+                "a fallback type needs the same vCPUs (Slurm would drain the node)"
+            )
+        if info.memory_mib < primary.memory_mib:
+            raise ConfigError(
+                f"{where}: {info.name} has {info.memory_mib} MiB of memory, less than the primary {primary.name}'s "
+                f"{primary.memory_mib} MiB (Slurm would drain the node)"
+            )
+        gpus = dict(info.gpus)
+        short = [f"{count} x {model}" for model, count in primary.gpus if gpus.get(model, 0) < count]
+        if short:
+            have = ", ".join(f"{c} x {m}" for m, c in info.gpus) or "no GPUs"
+            raise ConfigError(
+                f"{where}: {info.name} has {have}, the primary {primary.name} {', '.join(short)}; "
+                "a fallback type needs at least the primary's GPUs"
+            )

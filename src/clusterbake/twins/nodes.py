@@ -12,17 +12,26 @@ Boot time: a container sees the host's uptime, so slurmd would report the host's
 time, and slurmctld keeps waiting for a node Slurm powered up to boot ("Still waiting
 for boot of node"): each node gets a slurmd drop-in that adds `-b` (report the start of
 slurmd as the boot, which on a node that just booted it is), as a VM booting now would.
+
+Shared file systems: this kernel has no NFS or Lustre client, so each node also gets the
+twin's storage directory and a mount helper for `nfs`/`nfs4`/`lustre` (mount_helper.py)
+that binds the file system's directory instead (see docs/twin.md: what a twin cannot show).
+The twin says which file systems exist and how nodes name them (sync_storage).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterbake.nspawn import machines, network
+from clusterbake.nspawn import limits, machines, network
 
+STORAGE_INSIDE = "/run/clusterbake-twin/storage"
+MOUNT_HELPERS = ("/usr/sbin/mount.nfs", "/usr/sbin/mount.nfs4", "/usr/sbin/mount.lustre")
+MOUNT_HELPER = Path(__file__).with_name("mount_helper.py")
 # After the image's own drop-ins (role slurm's clusterbake.conf); ExecStart as Debian 12's unit has it.
 SLURMD_DROP_IN = "/etc/systemd/system/slurmd.service.d/zz-clusterbake-twin.conf"
 
@@ -54,6 +63,9 @@ class NodeSpec:
 class TwinNodes:
     """The nodes of one twin: machines `cb-<network>-<key>`, disks under <root>/nodes/<key>."""
 
+    # More stand-ins a twin binds into its nodes: path inside -> program (the Azure twin's blobfuse2).
+    extra_helpers: dict[str, Path] = {}
+
     def __init__(
         self,
         root: Path,
@@ -73,6 +85,7 @@ class TwinNodes:
         self.log = log
         self.label = label
         self.prepare = prepare  # called with the node's mounted root before each boot
+        self.storage = root / "storage"
 
     def machine(self, key: str) -> str:
         return f"{self.prefix}{key}"
@@ -85,6 +98,8 @@ class TwinNodes:
         return {m[len(self.prefix) :]: pid for m, pid in machines.find_machines(self.prefix).items()}
 
     def boot(self, spec: NodeSpec) -> None:
+        # The host's limits are shared with every other node on it (nspawn/limits.py).
+        limits.ensure(len(machines.find_machines("cb-")) + 1, self.log)
         netns = network.ensure_node_network(
             self.twin_network, spec.key, spec.address, spec.subnet_cidr, ifname=self.ifname, routes=self.routes
         )
@@ -97,13 +112,15 @@ class TwinNodes:
         text = slurmd_boot_time(self.label)
         if not drop_in.exists() or drop_in.read_text() != text:
             drop_in.write_text(text)
+        self.storage.mkdir(parents=True, exist_ok=True)
+        helpers = {helper: MOUNT_HELPER for helper in MOUNT_HELPERS} | self.extra_helpers
         argv = machines.nspawn_argv(
             self.machine(spec.key),
             spec.hostname,
             paths.root,
             netns,
-            dict(spec.binds),
-            readonly_binds={**spec.readonly_binds, SLURMD_DROP_IN: drop_in},
+            {STORAGE_INSIDE: self.storage, **spec.binds},
+            readonly_binds={**helpers, **spec.readonly_binds, SLURMD_DROP_IN: drop_in},
             uuid=spec.uuid,
         )
         machines.spawn(argv, self.machine(spec.key), paths.console_log)
@@ -131,12 +148,39 @@ class TwinNodes:
         directory = self.root / "nodes"
         return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
 
+    def sync_storage(self, directories: set[str], endpoints: dict[str, dict[str, str]]) -> None:
+        """The file systems' directories (relative to the storage root: created when new, removed with
+        their data when their file system is gone) and the mount helper's map (mount_helper.py)."""
+        self.storage.mkdir(parents=True, exist_ok=True)
+        manifest = self.storage / "directories.json"
+        known = set(json.loads(manifest.read_text())) if manifest.exists() else set()
+        for relative in sorted(directories - known):
+            (self.storage / relative).mkdir(parents=True, mode=0o755, exist_ok=True)
+            self.log(f"file system {relative}: {self.storage / relative}")
+        for relative in sorted(known - directories):
+            subprocess.run(["rm", "-rf", "--one-file-system", str(self.storage / relative)], check=True)
+            self.log(f"file system {relative} deleted: its directory removed")
+            parent = (self.storage / relative).parent
+            while parent != self.storage and parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()  # the Azure account's directory once its last share went
+                parent = parent.parent
+        for name, value in (("directories.json", sorted(directories)), ("endpoints.json", endpoints)):
+            text = json.dumps(value, indent=2, sort_keys=True)
+            target = self.storage / name
+            if not target.exists() or target.read_text() != text:
+                tmp = target.with_suffix(".tmp")
+                tmp.write_text(text)
+                tmp.replace(target)
+
     def remove_all(self) -> list[str]:
         removed = []
         running = self.running()
+        machines.kill_all(list(running.values()))  # the twin goes: its VMs end at once, not one by one
         for key in sorted(self.known() | set(running)):
-            self.remove(key, running.get(key))
+            self.remove(key, None)
             removed.append(key)
         for leftover in network.leftover_netns(self.twin_network):
             network.remove_node_network(self.twin_network, leftover[len(self.prefix) :])
+        if self.storage.exists():
+            subprocess.run(["rm", "-rf", "--one-file-system", str(self.storage)], check=True)
         return removed

@@ -11,6 +11,7 @@ from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
 from clusterbake.providers.aws.api import call, error_code, paginate
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
+from clusterbake.providers.common import check_fallback_types
 
 
 def instance_type_fields(config: ClusterConfig) -> list[tuple[str, str]]:
@@ -90,32 +91,6 @@ def check_instance_types(client, config: ClusterConfig, catalogue: Catalogue, zo
     return infos
 
 
-def check_fallback_types(field: str, infos: list[InstanceTypeInfo]) -> None:
-    """Every fallback type can take the primary's Slurm spec: the same vCPUs (slurmd drains a node
-    with other CPUs than slurm.conf says), at least its memory and its GPUs (model and count)."""
-    primary, *fallbacks = infos
-    for index, info in enumerate(fallbacks, start=1):
-        where = f"{field}.instance_types.{index}"
-        if info.vcpus != primary.vcpus:
-            raise ConfigError(
-                f"{where}: {info.name} has {info.vcpus} vCPUs, the primary {primary.name} {primary.vcpus}; "
-                "a fallback type needs the same vCPUs (Slurm would drain the node)"
-            )
-        if info.memory_mib < primary.memory_mib:
-            raise ConfigError(
-                f"{where}: {info.name} has {info.memory_mib} MiB of memory, less than the primary {primary.name}'s "
-                f"{primary.memory_mib} MiB (Slurm would drain the node)"
-            )
-        gpus = dict(info.gpus)
-        short = [f"{count} x {model}" for model, count in primary.gpus if gpus.get(model, 0) < count]
-        if short:
-            have = ", ".join(f"{c} x {m}" for m, c in info.gpus) or "no GPUs"
-            raise ConfigError(
-                f"{where}: {info.name} has {have}, the primary {primary.name} {', '.join(short)}; "
-                "a fallback type needs at least the primary's GPUs"
-            )
-
-
 def check_key_pair(client, config: ClusterConfig) -> None:
     aws = config.aws
     if not aws.key_name:
@@ -126,6 +101,23 @@ def check_key_pair(client, config: ClusterConfig) -> None:
         if error_code(exc).startswith("InvalidKeyPair"):
             raise ConfigError(f"aws.key_name: no key pair named {aws.key_name} in {aws.region}") from None
         raise
+
+
+def check_checkpoint_bucket(s3, config: ClusterConfig) -> None:
+    """checkpoints.copy_to's bucket exists and is reachable (HeadBucket: read-only)."""
+    copy_to = config.checkpoints.copy_to or ""
+    if not copy_to.startswith("s3://"):
+        return
+    bucket = copy_to.removeprefix("s3://").split("/", 1)[0]
+    try:
+        call(s3.head_bucket, Bucket=bucket)
+    except ClientError as exc:
+        code = error_code(exc)
+        what = "does not exist" if code in ("404", "NoSuchBucket") else f"cannot be reached ({code})"
+        raise ConfigError(
+            f"checkpoints.copy_to: bucket {bucket} {what}; create it (clusterbake does not create buckets) or "
+            "name another"
+        ) from None
 
 
 def check_image(client, config: ClusterConfig, ami_id: str, infos: dict[str, InstanceTypeInfo], source: str) -> None:

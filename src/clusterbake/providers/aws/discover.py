@@ -22,11 +22,17 @@ def name_of(instance: dict) -> str | None:
 
 
 def by_name(instances: list[dict], warn: bool = True) -> dict[str, dict]:
-    """Instances by their clusterbake:name tag; of two with one name the older wins."""
+    """Instances by their clusterbake:name tag; of two with one name the older wins (said when `warn`).
+    An instance of the cluster without the tag is no node of it: skipped, always said."""
     named: dict[str, dict] = {}
     for instance in sorted(instances, key=lambda i: (str(i.get("LaunchTime", "")), i["InstanceId"])):
         name = name_of(instance)
         if name is None:
+            cluster = tags.as_dict(instance.get("Tags")).get(tags.CLUSTER, "?")
+            say(
+                f"    warning: {instance['InstanceId']} is tagged {tags.CLUSTER}={cluster} but has no {tags.NAME} "
+                f"tag: skipped, it is no node of the cluster (tag it with a planned node's name, or terminate it)"
+            )
             continue
         if name in named:
             if warn:

@@ -25,7 +25,6 @@ Every call goes through api.call / api.paginate (throttling retried).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from botocore.exceptions import (
@@ -37,6 +36,7 @@ from botocore.exceptions import (
 )
 
 from clusterbake.providers.aws.api import error_code, paginate
+from clusterbake.providers.base import Price
 
 PRICING_REGIONS = ("us-east-1", "ap-south-1")
 ON_DEMAND_FILTERS = {
@@ -49,18 +49,6 @@ ON_DEMAND_FILTERS = {
 SPOT_PRODUCT = "Linux/UNIX"
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 20.0
-
-
-@dataclass(frozen=True)
-class Price:
-    """USD per hour, or None with `source` saying why it is unknown."""
-
-    usd_per_hour: float | None
-    source: str
-
-    @property
-    def known(self) -> bool:
-        return self.usd_per_hour is not None
 
 
 _cache: dict[tuple[str, str, str], Price] = {}

@@ -69,6 +69,12 @@ class AwsProvider(Provider):
             self._kms_key_arn = iam.resolve_kms_key(self.api("kms"), self.aws.kms_key_id)
         return self._kms_key_arn
 
+    @property
+    def checkpoint_buckets(self) -> list[str]:
+        """The bucket of checkpoints.copy_to (s3://bucket/prefix): the node role reads and writes there."""
+        copy_to = self.config.checkpoints.copy_to or ""
+        return [copy_to.removeprefix("s3://").split("/", 1)[0]] if copy_to.startswith("s3://") else []
+
     @cached_property
     def catalogue(self) -> Catalogue:
         return Catalogue(self.client)
@@ -134,6 +140,7 @@ class AwsProvider(Provider):
         self._infos = checks.check_instance_types(self.client, self.config, self.catalogue, self._zone)
         if self.config.storage:
             storage.check_storage(self.api("efs"), self.api("fsx"), self.api("s3"), self.config.storage)
+        checks.check_checkpoint_bucket(self.api("s3"), self.config)
         _ = self.kms_key_arn  # an unknown aws.kms_key_id is a config error, found before anything is created
         self.addresses()  # a subnet too small for the planned nodes is a config error
 
@@ -160,7 +167,12 @@ class AwsProvider(Provider):
         group_id, created = resources.ensure_security_group(self.client, cluster, self.aws.vpc_id, self.aws.ssh_cidrs)
         say(f"    security group {resources.security_group_name(cluster)} ({group_id}){' created' if created else ''}")
         profile, _, profile_created = iam.ensure_node_role(
-            self.api("iam"), self.api("sts"), cluster, self.aws.region, kms_key_arn=self.kms_key_arn
+            self.api("iam"),
+            self.api("sts"),
+            cluster,
+            self.aws.region,
+            kms_key_arn=self.kms_key_arn,
+            s3_buckets=self.checkpoint_buckets,
         )
         say(f"    instance profile {profile}{' created' if profile_created else ''}")
         endpoints = storage.ensure_file_systems(
@@ -361,11 +373,12 @@ class AwsProvider(Provider):
         )
 
     @aws_errors
-    def after_configure(self) -> None:
+    def after_configure(self) -> list[str]:
         """Publish each node group's join bundle; running nodes of a group whose bundle changed fetch it now."""
         cluster = self.config.cluster_name
         sm = self.api("secretsmanager")
         refresh = []
+        changes = []
         for group in self.config.node_groups:
             path = self.cluster.join_bundles / f"{group.name}.json"
             if not path.exists():
@@ -373,10 +386,11 @@ class AwsProvider(Provider):
             had_value = join_secrets.has_value(sm, cluster, group.name)
             if join_secrets.publish(sm, cluster, group.name, path.read_text()):
                 say(f"    join bundle of {group.name} published ({join_secrets.secret_name(cluster, group.name)})")
+                changes.append(f"{group.name}: join bundle published")
                 if had_value:
                     refresh.append(group.name)
         if not refresh:
-            return
+            return changes
         running = discover.by_name(discover.cluster_instances(self.client, cluster, states=("running",)), warn=False)
         names = [n.name for n in self.nodes if n.nodegroup in refresh and n.name in running]
         endpoints = {n: self._endpoint_to(n, running[n]["PrivateIpAddress"]) for n in names}
@@ -388,6 +402,8 @@ class AwsProvider(Provider):
                 )
             else:
                 say(f"    {name} fetched its new join bundle")
+                changes.append(f"{name}: new join bundle fetched")
+        return changes
 
     @aws_errors
     def wait_ready(self, timeout: float = SSH_READY_TIMEOUT) -> None:
@@ -416,7 +432,43 @@ class AwsProvider(Provider):
             return
         self._start_stopped({name: instance})
 
-    def _replace(self, name: str) -> None:
+    @aws_errors
+    def use_image(self, image: Path | str) -> bool:
+        """The AMI new instances launch from: `provision` moves every launch template to it (a new
+        version each), as `cluster up` would. The head's power program launches elastic nodes from
+        the version the configure play gave it: ops image_update runs that play after."""
+        state = self.cluster.read_state()
+        if str(image) == state.get("image"):
+            return False
+        say(f"    cluster image: {state.get('image')} -> {image} (launch templates move to it)")
+        self.provision(str(image))
+        return True
+
+    @aws_errors
+    def replace_node(self, name: str, image: Path | str | None = None) -> None:
+        """Terminate the node's instance and launch a new one from its group's launch template, at its
+        planned address. Another AMI first becomes the cluster's: `provision` moves every launch
+        template to it (new versions), as `cluster up` would. An elastic node without an instance
+        only gets the new template: the head's power program launches it (after `cluster up` or an
+        ops playbook re-rendered its template version)."""
+        node = self.node(name)
+        if node.role != "compute":
+            raise ConfigError(f"node {name}: only compute nodes are replaced (the head keeps Slurm's state)")
+        if not self.cluster.read_state().get("launch_templates"):
+            raise ClusterbakeError(f"cluster {self.config.cluster_name} was never provisioned; run `cluster up`")
+        if image is not None:
+            self.use_image(image)
+        instance = self._instance(name)
+        if instance is not None:
+            say(f"    {name}: terminating {instance['InstanceId']}")
+            call(self.client.terminate_instances, InstanceIds=[instance["InstanceId"]])
+            wait_for_state(self.client, [instance["InstanceId"]], "terminated")
+        elif node.elastic:
+            say(f"    {name}: powered down; launched from the new template when Slurm powers it up")
+            return
+        self._replace(name, reason=None)
+
+    def _replace(self, name: str, reason: str | None = "instance gone: replaced by clusterbake node start") -> None:
         """A node whose instance is gone: launch a new one from the group's launch template.
 
         It gets the node's address back and joins by itself (its bundle is in the secret
@@ -431,9 +483,15 @@ class AwsProvider(Provider):
         template = state["launch_templates"][node.nodegroup]
         templates = {node.nodegroup: (template["id"], template["version"])}
         say(f"    node {name}: no instance, launching a replacement")
-        if not node.elastic:  # an elastic node's state is Slurm's (powered down, or being powered up)
-            self.tell_slurm_down(name, "instance gone: replaced by clusterbake node start")
         existing = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name), warn=False)
+        if reason and existing.get(name, {}).get("State", {}).get("Name") in ("pending", "running"):
+            # The head's reconcile loop (recovery.replace_lost_nodes) launched it meanwhile.
+            say(f"    node {name}: the head has launched its replacement already")
+            return
+        # An elastic node's state is Slurm's (powered down, or being powered up); a node replaced on
+        # purpose (reason None) was drained by whoever replaced it.
+        if not node.elastic and reason:
+            self.tell_slurm_down(name, reason)
         addresses = self.addresses(existing)
         self._launch([node], templates, state["security_group"], addresses)
         self._forget_replaced_hosts()
@@ -519,7 +577,15 @@ class AwsProvider(Provider):
             shown = "running" if state in ("pending", "running") else "stopped"
             detail = f"{instance['InstanceId']} {instance['InstanceType']} {state}"
             result.append(
-                NodeStatus(node.name, node.role, node.nodegroup, instance.get("PrivateIpAddress"), shown, detail)
+                NodeStatus(
+                    node.name,
+                    node.role,
+                    node.nodegroup,
+                    instance.get("PrivateIpAddress"),
+                    shown,
+                    detail,
+                    image=instance.get("ImageId"),
+                )
             )
         return result
 
@@ -548,7 +614,7 @@ class AwsProvider(Provider):
             return aws_inventory(self.config, [], infos, extra)
         named = discover.by_name(instances, warn=False)
         addresses = self.addresses(named)
-        if any(g.elastic for g in self.config.node_groups):
+        if any(g.elastic for g in self.config.node_groups) or self.config.recovery.replace_lost_nodes:
             extra |= {"slurm_power_provider": "aws", "slurm_power_aws": self._power_vars(addresses, infos)}
         planned = {n.name: self._planned_host_vars(n) for n in self.nodes if n.name not in named}
         return aws_inventory(self.config, instances, infos, extra, addresses=addresses, planned_vars=planned)
@@ -567,13 +633,15 @@ class AwsProvider(Provider):
         }
 
     def _power_vars(self, addresses: dict[str, str], infos: dict[str, InstanceTypeInfo]) -> dict:
-        """What the head's power program needs to launch elastic nodes (role slurm_power, power.json).
+        """What the head's power program needs to launch elastic nodes and replace lost static
+        ones (role slurm_power, power.json).
 
-        Per elastic group: its launch template (the latest version: `cluster up` makes the one
-        it launches from the latest), its instance types in order, the network interfaces of
+        Per group: its launch template (the latest version: `cluster up` makes the one it
+        launches from the latest), its instance types in order, the network interfaces of
         each type (resources.network_interfaces; the program puts the node's address on the
         first), the user data with userdata.NAME_PLACEHOLDER for the node's name, and each
-        elastic node's address. The endpoint is the one this controller uses (the twin's too).
+        node's address (static nodes only with recovery.replace_lost_nodes). The endpoint is
+        the one this controller uses (the twin's too).
         """
         cluster = self.config.cluster_name
         templates = {
@@ -586,9 +654,10 @@ class AwsProvider(Provider):
         keys = [public_key.read_text().strip()] if public_key.exists() else []
         power_groups = {}
         for group in self.config.node_groups:
-            elastic = [n for n in self.nodes if n.nodegroup == group.name and n.elastic]
+            replaceable = self.config.recovery.replace_lost_nodes
+            members = [n for n in self.nodes if n.nodegroup == group.name and (n.elastic or replaceable)]
             template = templates.get(resources.template_name(cluster, group.name))
-            if not elastic or template is None or group_id is None:
+            if not members or template is None or group_id is None:
                 continue
             power_groups[group.name] = {
                 "launch_template": {"id": template[0], "version": template[1]},
@@ -601,10 +670,10 @@ class AwsProvider(Provider):
                     cluster=cluster,
                     ssh_user=self.aws.ssh_user,
                     authorized_keys=keys,
-                    join=self._join_source(elastic[0]),
+                    join=self._join_source(members[0]),
                 ),
                 "tags": tags.node_tags(cluster, "compute", group.name),
-                "addresses": {n.name: addresses[n.name] for n in elastic},
+                "addresses": {n.name: addresses[n.name] for n in members},
             }
         return {
             "cluster": cluster,
@@ -619,7 +688,13 @@ class AwsProvider(Provider):
             self.cluster,
             self.aws.ssh_user,
             self._ssh_options(),
-            {"clusterbake_aws_region": self.aws.region, "fabric_socket_ifname": self.aws.network_interface},
+            {
+                "clusterbake_aws_region": self.aws.region,
+                "fabric_socket_ifname": self.aws.network_interface,
+                # Where the job templates' checkpoint copies go (checkpoints.copy_to: s3://): the endpoint
+                # this controller uses (the twin's too).
+                "clusterbake_s3_endpoint_url": self.api("s3").meta.endpoint_url,
+            },
         )
 
     def _ssh_options(self) -> list[str]:

@@ -17,6 +17,7 @@ cloud-init ("unhandled content type"), so both boot paths read the same document
 
 from __future__ import annotations
 
+import hashlib
 import json
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
@@ -55,9 +56,16 @@ def user_data(
         "ssh_authorized_keys": list(authorized_keys),
         "join": join,
     }
-    message = MIMEMultipart()
-    message.attach(MIMEText("#cloud-config\n" + yaml.safe_dump(cloud_config, sort_keys=False), "cloud-config"))
-    message.attach(MIMEText(json.dumps(ours, indent=2, sort_keys=True) + "\n", PART_TYPE))
+    parts = [
+        MIMEText("#cloud-config\n" + yaml.safe_dump(cloud_config, sort_keys=False), "cloud-config"),
+        MIMEText(json.dumps(ours, indent=2, sort_keys=True) + "\n", PART_TYPE),
+    ]
+    # The boundary from the content, not random: the same node gets the same user data on every
+    # run, so launch templates and the head's power.json change only when the content does.
+    digest = hashlib.sha256("".join(part.as_string() for part in parts).encode()).hexdigest()[:32]
+    message = MIMEMultipart(boundary=f"==clusterbake-{digest}==")
+    for part in parts:
+        message.attach(part)
     return message.as_string()
 
 

@@ -84,6 +84,24 @@ class Clients:
 
         return KeyVaultManagementClient(credential(), self.subscription_id, **_options())
 
+    @functools.cached_property
+    def storage(self):
+        from azure.mgmt.storage import StorageManagementClient
+
+        return StorageManagementClient(credential(), self.subscription_id, **_options())
+
+    @functools.cached_property
+    def storagecache(self):
+        from azure.mgmt.storagecache import StorageCacheManagementClient
+
+        return StorageCacheManagementClient(credential(), self.subscription_id, **_options())
+
+    @functools.cached_property
+    def authorization(self):
+        from azure.mgmt.authorization import AuthorizationManagementClient
+
+        return AuthorizationManagementClient(credential(), self.subscription_id, **_options())
+
     def secrets(self, vault_url: str):
         from azure.keyvault.secrets import SecretClient
 

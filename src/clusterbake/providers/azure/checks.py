@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
 from clusterbake.providers.azure.api import get_or_none
-from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo
+from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, uses_infiniband
+from clusterbake.providers.common import check_fallback_types
 
 QUOTA_HINT = "request more in the Azure portal (Quotas > Compute) or plan fewer nodes"
 
@@ -28,12 +29,17 @@ class Subnet:
     id: str
     prefix: str
     location: str
+    service_endpoints: tuple[str, ...] = ()
 
 
 def size_fields(config: ClusterConfig) -> list[tuple[str, str]]:
-    """(field path, VM size) of the head and every node group."""
+    """(field path, VM size) of the head and every node group (each of a group's instance_types)."""
     fields = [("head.instance_type", config.head.instance_type)]
-    fields += [(f"node_groups.{i}.instance_type", g.instance_type) for i, g in enumerate(config.node_groups)]
+    for i, group in enumerate(config.node_groups):
+        if group.instance_types:
+            fields += [(f"node_groups.{i}.instance_types.{j}", t) for j, t in enumerate(group.instance_types)]
+        else:
+            fields.append((f"node_groups.{i}.instance_type", group.instance_type))
     return fields
 
 
@@ -59,7 +65,8 @@ def check_subnet(network, config: ClusterConfig) -> Subnet:
         raise ConfigError(f"{field}: subnet {subnet_name} does not exist in virtual network {vnet_name} ({group})")
     prefix = subnet.address_prefix or (subnet.address_prefixes or [None])[0]
     ipaddress.ip_network(prefix)
-    return Subnet(subnet.id, prefix, azure.location)
+    services = tuple(e.service for e in (subnet.service_endpoints or []) if e.service)
+    return Subnet(subnet.id, prefix, azure.location, services)
 
 
 def check_sizes(config: ClusterConfig, catalogue: Catalogue) -> dict[str, SkuInfo]:
@@ -86,15 +93,22 @@ def check_sizes(config: ClusterConfig, catalogue: Catalogue) -> dict[str, SkuInf
         infos[size] = info
     for index, group in enumerate(config.node_groups):
         info = infos[group.instance_type]
+        if len(group.types) > 1 and uses_infiniband(group, info):
+            raise ConfigError(
+                f"node_groups.{index}.instance_types: the group's VMs share one InfiniBand fabric (one scale set), "
+                "which needs one size; give instance_type, or set infiniband: false to fall over to other sizes"
+            )
+        check_fallback_types(f"node_groups.{index}", [infos[t] for t in group.types])
+        if group.spot and not all(infos[t].low_priority for t in group.types):
+            spotless = next(t for t in group.types if not infos[t].low_priority)
+            raise ConfigError(
+                f"node_groups.{index}.spot: {spotless} is not sold as Spot in {azure.location} "
+                "(LowPriorityCapable False); set spot: false or drop it from instance_types"
+            )
         if group.infiniband and not info.rdma:
             raise ConfigError(
                 f"node_groups.{index}.infiniband: {info.name} has no InfiniBand (RdmaEnabled False); set "
                 "infiniband: false or pick an RDMA size (Standard_ND96isr_H100_v5, Standard_HB120rs_v3, ...)"
-            )
-        if group.spot and not info.low_priority:
-            raise ConfigError(
-                f"node_groups.{index}.spot: {info.name} is not sold as Spot in {azure.location} "
-                "(LowPriorityCapable False); set spot: false"
             )
     return infos
 

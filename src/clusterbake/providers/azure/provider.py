@@ -22,11 +22,22 @@ from clusterbake.inventory import build_inventory
 from clusterbake.plan import NodeSpec, address_pool, assign_addresses
 from clusterbake.progress import say
 from clusterbake.providers import common
-from clusterbake.providers.aws.userdata import user_data
-from clusterbake.providers.azure import checks, resources, tags
+from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data, user_data_template
+from clusterbake.providers.azure import (
+    amlfs,
+    billing,
+    blobs,
+    checks,
+    power,
+    prices,
+    rbac,
+    resources,
+    storage,
+    tags,
+)
 from clusterbake.providers.azure.api import Clients, azure_errors, caller_identity, get_or_none, message
 from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, azure_plan, uses_infiniband
-from clusterbake.providers.base import NodeStatus, Provider
+from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
 from clusterbake.remote import Endpoint
 from clusterbake.state import StateDir
 
@@ -45,6 +56,8 @@ DELETE_ORDER = (
     "Microsoft.Network/applicationSecurityGroups",
     "Microsoft.ManagedIdentity/userAssignedIdentities",
     "Microsoft.KeyVault/vaults",
+    "Microsoft.StorageCache/amlFilesystems",
+    "Microsoft.Storage/storageAccounts",
 )
 
 
@@ -140,6 +153,7 @@ class AzureProvider(Provider):
                 "id": vm.id,
                 "name": vm.name,
                 "size": vm.hardware_profile.vm_size,
+                "priority": vm.priority,
                 "zone": (vm.zones or [None])[0],
                 "state": vm.provisioning_state,
                 "placement_group": vm.proximity_placement_group.id if vm.proximity_placement_group else None,
@@ -169,6 +183,9 @@ class AzureProvider(Provider):
         """Subnet, VM sizes (location, zone, restrictions, InfiniBand, spot), quota, room in the subnet:
         read-only calls."""
         self._subnet = checks.check_subnet(self.clients.network, self.config)
+        storage.check_service_endpoint(self._subnet, self.config)
+        blobs.check_existing(self.clients.storage, self.config)
+        amlfs.check(self.clients.storagecache, self.config, self._subnet.id)
         self._infos = checks.check_sizes(self.config, self.catalogue)
         checks.check_quota(self.config, self.clients.compute, self._infos, set(self.cluster_vms()))
         self.addresses()  # a subnet too small for the planned nodes is a config error
@@ -190,8 +207,14 @@ class AzureProvider(Provider):
         self._ensure_group()
         asg_id = self._ensure_asg()
         nsg_id = self._ensure_nsg(asg_id)
+        storage.ensure(self.clients.storage, self.config, self.subnet.id)
+        blobs.ensure(self.clients.storage, self.config, self.subnet.id)
+        # Azure takes minutes to make a Lustre file system: started now, waited for before the VMs.
+        lustre = amlfs.start(self.clients.storagecache, self.config, self.subnet.id)
         identity = self._ensure_identity()
+        blobs.grant(self.clients.authorization, self.config, identity["principal_id"])
         vault_url = self._ensure_vault(identity["principal_id"])
+        head_identity = self._ensure_power(image) if self.powered else None
         placement = {}
         for group in self.config.node_groups:
             placement[group.name] = self._ensure_group_placement(group)
@@ -202,6 +225,8 @@ class AzureProvider(Provider):
         extra = sorted(set(existing) - {n.name for n in planned})
         if extra:
             say(f"    warning: VMs not in the config: {', '.join(extra)} (`cluster down` removes them)")
+        if head_identity is not None and "head" in existing:
+            self._ensure_head_identities(existing["head"], identity, head_identity)
         self._start_stopped({n.name: existing[n.name] for n in static if n.name in existing})
         missing = [n for n in static if n.name not in existing]
         if not missing:
@@ -212,9 +237,11 @@ class AzureProvider(Provider):
             "nsg_id": nsg_id,
             "asg_id": asg_id,
             "identity": identity,
+            "head_identity": head_identity,
             "vault_url": vault_url,
             "public_key": public_key,
         }
+        amlfs.wait(lustre)  # the nodes mount them as they join
         failures = []
         for nodegroup in ["head", *(g.name for g in self.config.node_groups)]:
             nodes = [n for n in missing if n.nodegroup == nodegroup]
@@ -223,10 +250,12 @@ class AzureProvider(Provider):
                     self._create_group(nodegroup, nodes, addresses, placement.get(nodegroup, {}), context)
                 except ClusterbakeError as exc:
                     failures.append(str(exc))
-        self._write_state(image, addresses, vault_url, identity)
+        self._write_state(image, addresses, vault_url, identity, head_identity)
         if failures:
             raise ClusterbakeError("\n".join(failures))
         say(f"    {len(static)} nodes provisioned in {rg}")
+        if len(planned) > len(static):
+            say(f"    {len(planned) - len(static)} elastic node(s) powered up by Slurm for jobs")
 
     def _ensure_group(self) -> None:
         rg = self.azure.resource_group
@@ -278,14 +307,67 @@ class AzureProvider(Provider):
         say(f"    network security group {name} {'updated' if found else 'created'} (SSH from {self.azure.ssh_cidrs})")
         return result.id
 
-    def _ensure_identity(self) -> dict:
-        name = resources.identity_name(self.config.cluster_name)
+    @property
+    def powered(self) -> bool:
+        """The head's power program starts nodes: elastic ones, or lost static ones it replaces
+        (recovery.replace_lost_nodes)."""
+        return any(g.elastic for g in self.config.node_groups) or (
+            self.config.recovery.replace_lost_nodes and any(g.static_count for g in self.config.node_groups)
+        )
+
+    def _identity_ids(self, node: NodeSpec, context: dict) -> list[str]:
+        """Every VM has the nodes' identity; the head of an elastic cluster also its own (power.py)."""
+        ids = [context["identity"]["id"]]
+        if node.role == "head" and context.get("head_identity"):
+            ids.append(context["head_identity"]["id"])
+        return ids
+
+    def _ensure_power(self, image: str) -> dict:
+        """The head's identity and what it may do (power.py): the custom role and its assignments."""
+        head = self._ensure_identity(power.head_identity_name(self.config.cluster_name))
+        assignable, assigned = power.scopes(
+            self.azure.subscription_id, self.azure.resource_group, self.subnet.id, image
+        )
+        auth = self.clients.authorization
+        role = power.ensure_role(
+            auth, self.azure.subscription_id, self.azure.resource_group, self.config.cluster_name, assignable
+        )
+        made = power.ensure_grants(auth, self.azure.subscription_id, head["principal_id"], role, assigned)
+        if made:
+            say(f"    head's identity: {made} role assignment(s) to power elastic nodes up and down")
+        return head
+
+    def _ensure_head_identities(self, head_vm: dict, identity: dict, head_identity: dict) -> None:
+        """A head created before the cluster had elastic groups gets its power identity too."""
+        vm = self.clients.compute.virtual_machines.get(self.azure.resource_group, head_vm["name"])
+        have = {k.lower() for k in ((vm.identity.user_assigned_identities or {}) if vm.identity else {})}
+        if head_identity["id"].lower() in have:
+            return
+        ids = {i: {} for i in sorted({identity["id"], head_identity["id"], *have})}
+        self.clients.compute.virtual_machines.begin_update(
+            self.azure.resource_group,
+            head_vm["name"],
+            {"identity": {"type": "UserAssigned", "userAssignedIdentities": ids}},
+        ).result()
+        say(f"    head {head_vm['name']}: identity {power.head_identity_name(self.config.cluster_name)} added")
+
+    def _ensure_identity(self, name: str | None = None) -> dict:
+        name = name or resources.identity_name(self.config.cluster_name)
         body = {"location": self.azure.location, "tags": tags.cluster_tags(self.config.cluster_name)}
         found, created = self._find_or_create(self.clients.msi.user_assigned_identities, name, body)
         if created:
             say(f"    managed identity {name} created")
         else:
             self._owned(found.tags, f"managed identity {name}")
+        return {"id": found.id, "principal_id": found.principal_id, "client_id": found.client_id}
+
+    def _identity(self, name: str | None = None) -> dict | None:
+        """An identity of the cluster ({id, principal_id, client_id}; default the nodes'), None before
+        `cluster up` made it."""
+        name = name or resources.identity_name(self.config.cluster_name)
+        found = get_or_none(self.clients.msi.user_assigned_identities.get, self.azure.resource_group, name)
+        if found is None:
+            return None
         return {"id": found.id, "principal_id": found.principal_id, "client_id": found.client_id}
 
     def _ensure_vault(self, node_principal: str) -> str:
@@ -346,7 +428,7 @@ class AzureProvider(Provider):
             body = {
                 "location": self.azure.location,
                 "tags": tags.node_tags(cluster, "compute", group.name),
-                "properties": {"proximityPlacementGroupType": "Standard", "intent": {"vmSizes": [group.instance_type]}},
+                "properties": {"proximityPlacementGroupType": "Standard", "intent": {"vmSizes": group.types}},
                 **zone,
             }
             found, created = self._find_or_create(self.clients.compute.proximity_placement_groups, name, body)
@@ -449,7 +531,7 @@ class AzureProvider(Provider):
                     join=self._join_source(node, context),
                 ),
                 nic_id=nics[node.name],
-                identity_id=context["identity"]["id"],
+                identity_ids=self._identity_ids(node, context),
                 node_tags=tags.node_tags(cluster, node.role, node.nodegroup, node.name),
                 spot=bool(group and group.spot),
                 placement_group_id=placement.get("placement_group"),
@@ -493,7 +575,9 @@ class AzureProvider(Provider):
         for poller in pollers:
             poller.result()
 
-    def _write_state(self, image: str, addresses: dict[str, str], vault_url: str, identity: dict) -> None:
+    def _write_state(
+        self, image: str, addresses: dict[str, str], vault_url: str, identity: dict, head_identity: dict | None
+    ) -> None:
         vms = self.cluster_vms()
         nodes: dict[str, dict] = {name: {"address": address} for name, address in addresses.items()}
         for name, vm in vms.items():
@@ -510,13 +594,16 @@ class AzureProvider(Provider):
                 "resource_group": self.azure.resource_group,
                 "key_vault": vault_url,
                 "identity": identity,
+                "head_identity": head_identity,
                 "nodes": dict(sorted(nodes.items())),
             }
         )
 
     @azure_errors
-    def after_configure(self) -> None:
-        """Publish each node group's join bundle as the vault's `join-<group>` secret (when it changed)."""
+    def after_configure(self) -> list[str]:
+        """Publish each node group's join bundle as the vault's `join-<group>` secret (when it changed).
+        Running VMs take it at their next boot (no refresh on a live node yet)."""
+        changes = []
         vault = get_or_none(self.clients.keyvault.vaults.get, self.azure.resource_group, self.vault_name)
         if vault is None:
             raise ClusterbakeError(f"key vault {self.vault_name} is missing; run `clusterbake cluster up`")
@@ -534,6 +621,8 @@ class AzureProvider(Provider):
                 name, value, content_type="application/json", tags=tags.cluster_tags(self.config.cluster_name)
             )
             say(f"    join bundle of {group.name} published ({vault.properties.vault_uri}secrets/{name})")
+            changes.append(f"{group.name}: join bundle published (running VMs take it at their next boot)")
+        return changes
 
     @azure_errors
     def wait_ready(self, timeout: float = SSH_READY_TIMEOUT) -> None:
@@ -581,8 +670,14 @@ class AzureProvider(Provider):
             disks = [d for d in self.clients.compute.disks.list_by_resource_group(rg) if d.name.startswith(prefix)]
             by_type: dict[str, list] = {}
             for resource in found:
+                if tags.retained(resource):
+                    say(f"    keeping {resource.name}: its storage entry says retain")
+                    continue
                 by_type.setdefault(resource.type, []).append(resource)
             by_type.setdefault("Microsoft.Compute/disks", []).extend(d for d in disks if not d.managed_by)
+            identities = by_type.get("Microsoft.ManagedIdentity/userAssignedIdentities", [])
+            removed += self._delete_role_assignments(identities)
+            removed += power.delete_role(self.clients.authorization, self.azure.subscription_id, rg, cluster)
             for kind in DELETE_ORDER:
                 items = by_type.pop(kind, [])
                 if items:
@@ -604,6 +699,17 @@ class AzureProvider(Provider):
             shutil.rmtree(self.cluster.root)
             removed.append(f"state {self.cluster.root}")
         return removed
+
+    def _delete_role_assignments(self, identities: list) -> list[str]:
+        """Before the identities go: their role assignments (Azure would keep them as "Identity not found")."""
+        principals = {}
+        for item in identities:
+            found = get_or_none(self.clients.msi.user_assigned_identities.get, self.azure.resource_group, item.name)
+            if found is not None:
+                principals[f"identity {item.name}"] = found.principal_id
+        if not principals:
+            return []
+        return rbac.delete_all(self.clients.authorization, self.azure.subscription_id, principals)
 
     def _delete_all(self, kind: str, items: list) -> list[str]:
         rg = self.azure.resource_group
@@ -630,6 +736,10 @@ class AzureProvider(Provider):
                 self.clients.msi.user_assigned_identities.delete(rg, name)
             elif kind == "Microsoft.KeyVault/vaults":
                 self.clients.keyvault.vaults.delete(rg, name)
+            elif kind == "Microsoft.Storage/storageAccounts":
+                self.clients.storage.storage_accounts.delete(rg, name)
+            elif kind == "Microsoft.StorageCache/amlFilesystems":
+                pollers.append(self.clients.storagecache.aml_filesystems.begin_delete(rg, name))
             else:
                 pollers.append(self.clients.resources.resources.begin_delete_by_id(item.id, api_version="2024-03-01"))
         for poller in pollers:
@@ -637,6 +747,18 @@ class AzureProvider(Provider):
         return sorted(f"{label} {item.name}" for item in items)
 
     # --- queries --------------------------------------------------------------------------
+
+    @azure_errors
+    def cost(self) -> CostEstimate:
+        """Each VM Azure bills compute for, at its priority's price now (billing.py, prices.py)."""
+        location = self.azure.location
+        return billing.estimate(self.cluster_vms(power=True), lambda size, spot: prices.vm_price(location, size, spot))
+
+    def billing_leftovers(self) -> BillingCheck:
+        """Read-only, after destroy(): what of the cluster is left in its resource group and bills."""
+        return billing.leftovers(
+            self.clients.resources, self.clients.compute, self.azure.resource_group, self.config.cluster_name
+        )
 
     @azure_errors
     def status(self) -> list[NodeStatus]:
@@ -665,6 +787,23 @@ class AzureProvider(Provider):
         extra = {**self._connection_vars(), "node_join_self_join": True}
         if any(entry.type == "nfs" for entry in self.config.effective_storage()):
             extra["clusterbake_subnet_cidr"] = self.subnet.prefix
+        endpoints = {}
+        if storage.shares(self.config):
+            endpoints |= storage.endpoints(self.clients.storage, self.config)
+        if blobs.containers(self.config):
+            endpoints |= blobs.endpoints(self.clients.storage, self.config)
+            # blobfuse2 reads the containers with the nodes' identity (role blobfuse2's azstorage appid).
+            identity = self._identity()
+            if identity is not None:
+                extra["blobfuse2_identity_client_id"] = identity["client_id"]
+        if amlfs.file_systems(self.config):
+            endpoints |= amlfs.endpoints(self.clients.storagecache, self.config)
+        if endpoints:
+            extra["clusterbake_storage_endpoints"] = endpoints
+        if self.powered:
+            settings = self._power_vars()
+            if settings is not None:
+                extra |= {"slurm_power_provider": "azure", "slurm_power_azure": settings}
         if not vms:
             return build_inventory(self.config, [], {}, extra_vars=extra)
         addresses = self.addresses(vms)
@@ -688,6 +827,86 @@ class AzureProvider(Provider):
                 "clusterbake_running": bool(vm and vm.get("power") == "running"),
             }
         return build_inventory(self.config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
+
+    def _power_vars(self) -> dict | None:
+        """power.json's `azure` (power.py): what the head's power program creates each elastic node from, and
+        each lost static node with recovery.replace_lost_nodes. None before `cluster up` made the cluster's
+        identities, security groups and vault."""
+        cluster, rg = self.config.cluster_name, self.azure.resource_group
+        identity = self._identity()
+        head = self._identity(power.head_identity_name(cluster))
+        network = self.clients.network
+        nsg = get_or_none(network.network_security_groups.get, rg, resources.cluster_name(cluster))
+        asg = get_or_none(network.application_security_groups.get, rg, resources.cluster_name(cluster))
+        vault = get_or_none(self.clients.keyvault.vaults.get, rg, self.vault_name)
+        if None in (identity, head, nsg, asg, vault):
+            return None
+        state = self.cluster.read_state()
+        image = state.get("image") or self.find_image()
+        addresses = self.addresses(self.cluster_vms())
+        public_key = self.cluster.ssh_key.with_suffix(".pub")
+        keys = [public_key.read_text().strip()] if public_key.exists() else []
+        context = {"vault_url": vault.properties.vault_uri, "identity": identity}
+        groups = {}
+        for group in self.config.node_groups:
+            replaceable = self.config.recovery.replace_lost_nodes
+            members = [n for n in self.nodes if n.nodegroup == group.name and (n.elastic or replaceable)]
+            if not members:
+                continue
+            placement = self._group_placement_ids(group)
+            node_tags = tags.node_tags(cluster, "compute", group.name)
+            groups[group.name] = {
+                "sizes": group.types,
+                "nic": resources.nic_body(
+                    location=self.azure.location,
+                    subnet_id=self.subnet.id,
+                    address="",
+                    nsg_id=nsg.id,
+                    asg_id=asg.id,
+                    node_tags=node_tags,
+                ),
+                "vm": resources.vm_body(
+                    location=self.azure.location,
+                    zone=self.azure.zone,
+                    size=group.instance_type,
+                    image=image,
+                    computer_name="",
+                    admin_user=self.azure.admin_user,
+                    public_key=keys[0] if keys else "",
+                    custom_data="",
+                    nic_id="",
+                    identity_ids=[identity["id"]],
+                    node_tags=node_tags,
+                    spot=group.spot,
+                    placement_group_id=placement.get("placement_group"),
+                    scale_set_id=placement.get("scale_set"),
+                ),
+                "user_data": user_data_template(
+                    cluster=cluster,
+                    ssh_user=self.azure.admin_user,
+                    authorized_keys=keys,
+                    join=self._join_source(members[0], context),
+                ),
+                "addresses": {n.name: addresses[n.name] for n in members},
+            }
+        return power.power_vars(
+            config=self.config, head_client_id=head["client_id"], name_placeholder=NAME_PLACEHOLDER, groups=groups
+        )
+
+    def _group_placement_ids(self, group: NodeGroup) -> dict:
+        """The ids of the group's proximity placement group and scale set, where it has them (read-only)."""
+        name = resources.group_resource_name(self.config.cluster_name, group.name)
+        compute, rg = self.clients.compute, self.azure.resource_group
+        found = {}
+        if self._wants_placement_group(group):
+            ppg = get_or_none(compute.proximity_placement_groups.get, rg, name)
+            if ppg is not None:
+                found["placement_group"] = ppg.id
+        if uses_infiniband(group, self.infos.get(group.instance_type)):
+            vmss = get_or_none(compute.virtual_machine_scale_sets.get, rg, name)
+            if vmss is not None:
+                found["scale_set"] = vmss.id
+        return found
 
     def _connection_vars(self) -> dict:
         return common.connection_vars(

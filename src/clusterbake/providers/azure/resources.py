@@ -6,7 +6,8 @@ In azure.resource_group, all tagged clusterbake-cluster=<cluster>:
   azure.ssh_cidrs, everything from the ASG to the ASG (the cluster), and denies the rest
   of the virtual network (Azure's default rule AllowVnetInBound would admit it);
 - user-assigned managed identity `clusterbake-<cluster>-nodes` (the nodes read their join
-  bundle with it, and later storage);
+  bundle with it, and their blob containers), and with elastic groups `clusterbake-<cluster>-head`
+  (the head's power program creates and deletes VMs with it: power.py);
 - Key Vault (vault_name(): names are global) with a secret `join-<group>` per node group;
   access policies: the caller (set, get, list, delete), the nodes' identity (get);
 - per node group a proximity placement group and, for InfiniBand groups, a VM scale set with
@@ -182,7 +183,7 @@ def vm_body(
     public_key: str,
     custom_data: str,
     nic_id: str,
-    identity_id: str,
+    identity_ids: list[str],
     node_tags: dict,
     spot: bool = False,
     placement_group_id: str | None = None,
@@ -191,7 +192,7 @@ def vm_body(
     body: dict = {
         "location": location,
         "tags": node_tags,
-        "identity": {"type": "UserAssigned", "userAssignedIdentities": {identity_id: {}}},
+        "identity": {"type": "UserAssigned", "userAssignedIdentities": {i: {} for i in identity_ids}},
         "properties": {
             "hardwareProfile": {"vmSize": size},
             "storageProfile": {

@@ -11,6 +11,8 @@ NODEGROUP = "clusterbake-nodegroup"
 NAME = "clusterbake-name"
 # On a resource group clusterbake created (and so may delete when it is empty of anything else).
 CREATED_GROUP = "clusterbake-created"
+# On storage a storage entry says to keep (`retain`): `cluster down` leaves it.
+RETAIN = "clusterbake-retain"
 
 
 def cluster_tags(cluster: str) -> dict[str, str]:
@@ -27,3 +29,7 @@ def node_tags(cluster: str, role: str, nodegroup: str, name: str | None = None) 
 def tag_filter(cluster: str) -> str:
     """The $filter of a resource list for the cluster's resources."""
     return f"tagName eq '{CLUSTER}' and tagValue eq '{cluster}'"
+
+
+def retained(resource) -> bool:
+    return (getattr(resource, "tags", None) or {}).get(RETAIN) == "true"

@@ -56,15 +56,11 @@ class Agent:
         # Read the config each time: `cluster up` after a max_count change plans more nodes.
         return LocalProvider(load_config(self.config_path), StateDir(self.state_root))
 
-    def injected(self, provider, action: str) -> set[str]:
-        path = provider.cluster.root / "inject" / ("resume-fail" if action == "start" else "suspend-fail")
-        return set(path.read_text().split()) if path.exists() else set()
-
     def power(self, action: str, nodes: list[str]) -> dict[str, str]:
         with self.lock:
             provider = self.provider()
             planned = {n.name for n in provider.nodes if n.role == "compute"}
-            failing = self.injected(provider, action)
+            failing = provider.injected("resume-fail" if action == "start" else "suspend-fail")
 
             def one(name: str) -> str:
                 if name not in planned:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
+import json
 import os
 import secrets
 import stat
@@ -11,26 +11,28 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
 
-from clusterbake import remote
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.images.store import find_local_image
 from clusterbake.inventory import build_inventory
-from clusterbake.nspawn import machines, network
+from clusterbake.nspawn import limits, machines, network
 from clusterbake.plan import address_pool, assign_addresses
 from clusterbake.progress import say
 from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
 from clusterbake.remote import Endpoint
 from clusterbake.state import write_secret
 
-SSH_READY_TIMEOUT = 60.0
 POWER_AGENT_PORT = 6820
 # Where the image keeps the join program and a node its bundle (role node_join's defaults).
 JOIN_PROGRAM = "/usr/local/sbin/clusterbake-node-join"
 JOIN_BUNDLE = "/etc/clusterbake/node-join.json"
+# Where a staged interruption notice goes on the node's disk (role notice_agent reads it).
+NOTICE_FILE = "/var/lib/clusterbake/notice.json"
 
 
 def write_file(path: Path, text: str) -> None:
@@ -93,6 +95,20 @@ class LocalProvider(Provider):
                 )
         self.addresses()
 
+    def host_limit_report(self) -> list[str]:
+        """The host limits this cluster would exceed (`validate` shows them; `cluster up` raises them)."""
+        host_nodes = self.host_nodes()
+        return [
+            f"host limit: {limits.describe(short, host_nodes)}; `cluster up` raises it as root ({short.command()})"
+            for short in limits.shortfalls(host_nodes)
+        ]
+
+    def host_nodes(self) -> int:
+        """Nodes the host runs once this cluster is at its largest: every planned node (elastic ones
+        at max_count) and the nspawn machines of other clusters and twins, which share the limits."""
+        others = [m for m in machines.find_machines("cb-") if not m.startswith(self.machine_prefix)]
+        return len(self.nodes) + len(others)
+
     def find_image(self) -> Path:
         """The local image (a directory with rootfs/) from the image store."""
         return find_local_image(self.config, self.state)
@@ -101,7 +117,10 @@ class LocalProvider(Provider):
         image_root = Path(image) / "rootfs"
         state = self.cluster.read_state()
         if state.get("image") and state["image"] != str(image):
-            say(f"    nodes keep their image {Path(state['image']).name} (destroy to move to a new one)")
+            say(
+                f"    nodes keep their image {Path(state['image']).name}; "
+                f"`clusterbake ops image_update` moves them to {Path(image).name}, one group at a time"
+            )
             image_root = Path(state["image"]) / "rootfs"
             image = state["image"]
         if not image_root.is_dir():
@@ -123,28 +142,80 @@ class LocalProvider(Provider):
             }
         )
         write_file(self.config_path, yaml.safe_dump(self.config.model_dump(mode="json", exclude_unset=True)))
+        limits.ensure(self.host_nodes(), say)
         network.ensure_bridge(self.config.cluster_name, self.config.local.subnet)
-        if self.elastic:
+        if self.powered_by_slurm:
             self.ensure_power_agent()
         running = machines.find_machines(self.machine_prefix)
-        # Elastic nodes stay powered down until Slurm asks for them.
+        # Elastic nodes stay powered down until Slurm asks for them. A node whose supervisor
+        # died (an orphan) is not running: _start ends it and boots it again.
         started = [n.name for n in self.nodes if not n.elastic and self.machine_name(n.name) not in running]
         for name in started:
-            self._start(name, image_root)
+            self._start(name, Path(image))
         self._write_known_hosts()
         self.wait_ssh(started)
 
-    def _start(self, name: str, image_root: Path | None = None) -> None:
-        if image_root is None:
-            image_root = Path(self.cluster.read_state()["image"]) / "rootfs"
+    # --- images: the cluster's, and each node disk's own -------------------------------
+
+    @property
+    def cluster_image(self) -> Path:
+        """The image a node given a new disk boots (state.json's `image`)."""
+        return Path(self.cluster.read_state()["image"])
+
+    def _image_record(self, name: str) -> Path:
+        return self._paths(name).base / "image"
+
+    def disk_image(self, name: str) -> Path | None:
+        """The image a node's disk was made from; None when the node has no disk. A disk made before
+        nodes recorded theirs is the cluster's image's (there was only one)."""
+        if not self._paths(name).upper.is_dir():
+            return None
+        record = self._image_record(name)
+        return Path(record.read_text().strip()) if record.exists() else self.cluster_image
+
+    def _start(self, name: str, image: Path | None = None) -> None:
+        """Boot a node on its own disk, or on a new disk from `image` (default: the cluster's).
+
+        An elastic node whose disk is of another image than the cluster's gets a new disk: a powered
+        down node boots the newest image the cluster moved to (a rolling image update)."""
+        orphan = machines.find_orphans(self.machine_name(name)).get(self.machine_name(name))
+        if orphan is not None:
+            # Its nspawn died and its init runs on without it: nothing can supervise or stop it
+            # any more, so it ends (its jobs were requeued by Slurm) and boots again below.
+            self.tell_slurm_down(name, f"clusterbake: {name}'s nspawn supervisor died; restarting the node")
+            machines.end_orphans([orphan])
+            machines.remove_cgroups(self.machine_name(name))
+            say(f"    {name}: its nspawn supervisor had died (init PID {orphan} ran on): ended, starting it again")
+        current = self.disk_image(name)
+        if current is not None and self.node(name).elastic and current != self.cluster_image:
+            say(f"    {name}: a new disk from {self.cluster_image.name} (its disk was of {current.name})")
+            self._remove_disk(name)
+            current = None
+        image = current or image or self.cluster_image
+        image_root = image / "rootfs"
+        if not image_root.is_dir():
+            raise ClusterbakeError(f"image root {image_root} of node {name} is missing; run `make image`")
         address = self.addresses()[name]
         netns = network.ensure_node_network(self.config.cluster_name, name, address, self.config.local.subnet)
         paths = self._paths(name)
         machines.mount_overlay(image_root, paths)
+        if current is None:
+            self._image_record(name).write_text(f"{image}\n")
         self._personalize(name, paths.root)
         self._hand_over_join_bundle(name, paths.root)
+        init_args = []
+        if name in self.injected("boot-fail"):
+            # Fault injection for the tests: the node boots, but its sshd never starts.
+            say(f"    {name}: injected boot failure (inject/boot-fail): ssh.service masked")
+            init_args.append("systemd.mask=ssh.service")
         argv = machines.nspawn_argv(
-            self.machine_name(name), name, paths.root, netns, self._binds(), readonly_binds=self._gpu_devices(name)
+            self.machine_name(name),
+            name,
+            paths.root,
+            netns,
+            self._binds(),
+            readonly_binds=self._gpu_devices(name),
+            init_args=init_args,
         )
         machines.spawn(argv, self.machine_name(name), paths.console_log)
 
@@ -167,6 +238,12 @@ class LocalProvider(Provider):
                 os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, index))
             devices[f"/dev/nvidia{index}"] = path
         return devices
+
+    def injected(self, kind: str) -> set[str]:
+        """Node names listed in `<cluster dir>/inject/<kind>` (fault injection for the tests: boot-fail,
+        resume-fail, suspend-fail); none without the file."""
+        path = self.cluster.root / "inject" / kind
+        return set(path.read_text().split()) if path.exists() else set()
 
     def _personalize(self, name: str, root: Path) -> None:
         """First boot only: identity of the node (hostname, machine-id, host keys, access)."""
@@ -225,7 +302,8 @@ class LocalProvider(Provider):
                 lines.append(f"{name},{address} {key}")
         self.cluster.known_hosts.write_text("\n".join(lines) + "\n")
 
-    def wait_ssh(self, names: list[str], timeout: float = SSH_READY_TIMEOUT) -> None:
+    def wait_ssh(self, names: list[str], timeout: float | None = None) -> None:
+        timeout = timeout or self.config.local.boot_timeout
         addresses = self.addresses()
         pending = set(names)
         deadline = time.monotonic() + timeout
@@ -234,10 +312,28 @@ class LocalProvider(Provider):
             if pending:
                 time.sleep(0.1)
         if pending:
-            logs = ", ".join(str(self._paths(n).console_log) for n in sorted(pending))
+            kept = self.keep_evidence(sorted(pending))
             raise ClusterbakeError(
-                f"nodes {', '.join(sorted(pending))} did not answer SSH within {timeout:.0f}s; console: {logs}"
+                f"nodes {', '.join(sorted(pending))} did not answer SSH within {timeout:.0f}s; their console logs "
+                f"and journals are kept (a rollback leaves the logs directory): {', '.join(map(str, kept))}"
             )
+
+    def keep_evidence(self, names: list[str]) -> list[Path]:
+        """Copy each node's console log and the tail of its journal under the cluster's logs directory,
+        which outlives the node (and a rollback); the copies' paths."""
+        folder = self.cluster.logs / f"failed-nodes-{time.strftime('%Y%m%d-%H%M%S')}"
+        folder.mkdir(parents=True, exist_ok=True)
+        kept = []
+        running = machines.find_machines(self.machine_prefix)
+        for name in names:
+            console = self._paths(name).console_log
+            target = folder / f"{name}.console.log"
+            target.write_bytes(console.read_bytes() if console.exists() else b"(no console output)\n")
+            kept.append(target)
+            journal = folder / f"{name}.journal.txt"
+            journal.write_text(_journal_tail(running.get(self.machine_name(name)), self._paths(name).root))
+            kept.append(journal)
+        return kept
 
     def start_node(self, name: str) -> None:
         self.node(name)
@@ -253,39 +349,82 @@ class LocalProvider(Provider):
             self.tell_slurm_down(name, "stopped by clusterbake node stop")
         self.power_off(name)
 
-    def after_configure(self) -> None:
-        """Running compute nodes get their group's join bundle where theirs differs: one command
-        per node, in parallel, no Ansible. A node that boots later takes it from its disk."""
-        running = self.running_nodes()
-        groups: dict[str, list[str]] = {}
+    def replace_node(self, name: str, image: Path | str | None = None) -> None:
+        """A new disk from `image` (default: the cluster's) and a boot; the node joins by itself from
+        its group's bundle. An elastic node that is powered down only loses its disk: it boots the
+        cluster's image when Slurm powers it up. With another image, that image becomes the cluster's
+        (every node given a new disk from now on boots it)."""
+        node = self.node(name)
+        if node.role != "compute":
+            raise ConfigError(f"node {name}: only compute nodes are replaced (the head keeps Slurm's state)")
+        if image is not None:
+            self.use_image(image)
+        image = self.cluster_image
+        running = name in self.running_nodes()
+        self.power_off(name)
+        self._remove_disk(name)
+        if node.elastic and not running:
+            say(f"    {name}: powered down; boots {image.name} when Slurm powers it up")
+            return
+        self._start(name, image)
+        self._write_known_hosts()  # its new disk has new host keys
+        self.wait_ssh([name])
+
+    def use_image(self, image: Path | str) -> bool:
+        """Make `image` the cluster's: nodes keep their disks (each records its image first), new
+        disks come from it. False: it already was."""
+        image = Path(image)
+        if image == self.cluster_image:
+            return False
+        if not (image / "rootfs").is_dir():
+            raise ClusterbakeError(f"image {image} has no rootfs; run `clusterbake image build`")
+        old = self.cluster_image
         for node in self.nodes:
-            if node.role == "compute" and node.name in running:
-                groups.setdefault(node.nodegroup, []).append(node.name)
-        applied: list[str] = []
-        for group, names in sorted(groups.items()):
-            path = self.cluster.join_bundles / f"{group}.json"
-            if not path.exists():
+            if self._paths(node.name).upper.is_dir() and not self._image_record(node.name).exists():
+                self._image_record(node.name).write_text(f"{old}\n")
+        state = self.cluster.read_state()
+        self.cluster.write_state({**state, "image": str(image)})
+        say(f"    cluster image: {old.name} -> {image.name} (new disks boot it)")
+        return True
+
+    def _remove_disk(self, name: str) -> None:
+        """A halted node's disk and identity (overlay upper dir, host keys, records); its address stays."""
+        base = self._paths(name).base
+        machines.unmount_tree(base)
+        if base.exists():
+            subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=True)
+
+    def after_configure(self) -> list[str]:
+        """Running compute nodes get their group's join bundle where theirs differs: the bundle
+        written into the node's disk from here, then applied in the node (nsenter, in parallel): no
+        SSH and no Ansible. A node that boots later takes it from its disk."""
+        running = self.running_nodes()
+        inits = machines.node_inits(self.machine_prefix)
+        drifted: dict[str, int] = {}
+        for node in self.nodes:
+            path = self.cluster.join_bundles / f"{node.nodegroup}.json"
+            machine = self.machine_name(node.name)
+            if node.role != "compute" or node.name not in running or machine not in inits or not path.exists():
                 continue
-            bundle = path.read_bytes()
-            endpoints = {name: self.endpoint(name) for name in names}
-            current = remote.run_many(endpoints, f"sha256sum {JOIN_BUNDLE} 2>/dev/null || true", check=True)
-            failed = {n: r for n, r in current.items() if isinstance(r, Exception)}
-            if failed:
-                raise ClusterbakeError(
-                    "cannot compare the join bundle on "
-                    + "; ".join(f"{n}: {str(e).splitlines()[0]}" for n, e in sorted(failed.items()))
-                )
-            digest = hashlib.sha256(bundle).hexdigest()
-            drifted = {n: e for n, e in endpoints.items() if current[n].stdout.decode().split()[:1] != [digest]}
-            results = remote.run_many(drifted, [JOIN_PROGRAM, "--install", "--bundle", JOIN_BUNDLE], stdin=bundle)
-            broken = {n: r for n, r in results.items() if isinstance(r, Exception) or r.returncode != 0}
-            if broken:
-                raise ClusterbakeError(
-                    "joining failed on " + "; ".join(f"{n}: {_first_error(r)}" for n, r in sorted(broken.items()))
-                )
-            applied += sorted(drifted)
-        if applied:
-            say(f"    join bundle applied on {', '.join(applied)} (theirs differed)")
+            target = self._paths(node.name).root / JOIN_BUNDLE.lstrip("/")
+            try:
+                same = target.read_bytes() == path.read_bytes()
+            except OSError:
+                same = False
+            if not same:
+                self._hand_over_join_bundle(node.name, self._paths(node.name).root)
+                drifted[machine] = inits[machine]
+        if not drifted:
+            return []
+        results = machines.run_inside(drifted, [JOIN_PROGRAM, "--bundle", JOIN_BUNDLE])
+        broken = {m[len(self.machine_prefix) :]: r for m, r in results.items() if r.returncode != 0}
+        if broken:
+            raise ClusterbakeError(
+                "joining failed on " + "; ".join(f"{n}: {_first_error(r)}" for n, r in sorted(broken.items()))
+            )
+        applied = sorted(m[len(self.machine_prefix) :] for m in drifted)
+        say(f"    join bundle applied on {', '.join(applied)} (theirs differed)")
+        return [f"{name}: new join bundle applied" for name in applied]
 
     # --- power (the power agent's side: no SSH wait, no Slurm update) ------------------
 
@@ -303,15 +442,42 @@ class LocalProvider(Provider):
         machines.remove_cgroups(self.machine_name(name))
         machines.unmount_tree(self._paths(name).root)
 
+    def interrupt_node(self, name: str, seconds: int) -> None:
+        """A spot reclaim, staged: the notice the node's agent reads (role notice_agent, the shape of
+        EC2's spot/instance-action), then after `seconds` the machine ends abruptly, as a reclaimed
+        instance does. Its disk stays without the notice: the head's reconcile loop starts it again."""
+        if self.node(name).role != "compute":
+            raise ConfigError(f"node interrupt: {name} is not a compute node")
+        pid = machines.find_machines(self.machine_prefix).get(self.machine_name(name))
+        if pid is None:
+            raise ClusterbakeError(f"node interrupt: {name} is not running")
+        at = datetime.now(UTC) + timedelta(seconds=seconds)
+        notice = {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        write_file(self._paths(name).root / NOTICE_FILE.lstrip("/"), json.dumps(notice) + "\n")
+        say(f"    {name}: interruption notice for {notice['time']}; the machine goes in {seconds} s")
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 10.0))
+            if left > 10:
+                say(f"    {name}: reclaimed in {max(0, left - 10):.0f} s")
+        machines.kill_all([pid])
+        (self._paths(name).root / NOTICE_FILE.lstrip("/")).unlink(missing_ok=True)  # a new instance has none
+        machines.remove_cgroups(self.machine_name(name))
+        machines.unmount_tree(self._paths(name).root)
+        say(f"    {name}: reclaimed (its machine ended; the head's reconcile loop starts it again)")
+
     def refresh_known_hosts(self) -> None:
         self._write_known_hosts()
 
     def running_nodes(self) -> set[str]:
-        return {m[len(self.machine_prefix) :] for m in machines.find_machines(self.machine_prefix)}
+        """Nodes whose machine runs, orphans included (they still work; `cluster up` restarts them)."""
+        found = set(machines.find_machines(self.machine_prefix)) | set(machines.find_orphans(self.machine_prefix))
+        return {m[len(self.machine_prefix) :] for m in found}
 
     @property
-    def elastic(self) -> bool:
-        return any(n.elastic for n in self.nodes)
+    def powered_by_slurm(self) -> bool:
+        """Whether the head's power program starts nodes: elastic ones, or lost static ones."""
+        return any(n.elastic for n in self.nodes) or self.config.recovery.replace_lost_nodes
 
     def _agent_pid(self) -> int | None:
         path = self.cluster.root / "power-agent.pid"
@@ -343,7 +509,7 @@ class LocalProvider(Provider):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise ClusterbakeError(f"the power agent did not start; see {log}")
             time.sleep(0.1)
-        say(f"    power agent for elastic nodes at {address}:{POWER_AGENT_PORT}")
+        say(f"    power agent (elastic and lost nodes) at {address}:{POWER_AGENT_PORT}")
 
     def stop_power_agent(self) -> bool:
         pid = self._agent_pid()
@@ -361,52 +527,82 @@ class LocalProvider(Provider):
     def power_token_file(self) -> Path:
         return self.cluster.root / "secrets" / "power.token"
 
-    def destroy(self) -> list[str]:
-        """Stop every node (also ones a lost state file no longer names), then remove all."""
+    def rollback(self) -> list[str]:
+        """After a failed first `cluster up`: all of destroy() but the logs, which hold the evidence."""
+        return self.destroy(keep_logs=True)
+
+    def destroy(self, keep_logs: bool = False) -> list[str]:
+        """Stop every node (also ones a lost state file no longer names), all at once, then remove all."""
         removed = []
         if self.stop_power_agent():
             removed.append("power agent")
         running = machines.find_machines(self.machine_prefix)
-        for machine, pid in sorted(running.items()):
-            machines.stop(pid)
-            removed.append(f"machine {machine}")
+        orphans = machines.find_orphans(self.machine_prefix)
         names = {n.name for n in self.nodes} | set(self.cluster.read_state().get("nodes", {}))
-        names |= {m[len(self.machine_prefix) :] for m in running}
+        names |= {m[len(self.machine_prefix) :] for m in [*running, *orphans]}
         nodes_dir = self.cluster.root / "nodes"
         if nodes_dir.is_dir():
             names |= {p.name for p in nodes_dir.iterdir()}
         names |= {ns[len(self.machine_prefix) :] for ns in network.leftover_netns(self.config.cluster_name)}
+        # Every node ends at once (its init killed: no clean shutdown of a node whose disk goes
+        # next; shared storage is on the host) while the links and namespaces go.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            unplugged = pool.submit(network.remove_node_networks, self.config.cluster_name, sorted(names))
+            machines.kill_all(list(running.values()))
+            machines.end_orphans(list(orphans.values()))
+            unplugged.result()
+        removed += [f"machine {machine}" for machine in sorted(running)]
+        removed += [
+            f"machine {machine} (its nspawn supervisor had died; init PID {pid})"
+            for machine, pid in sorted(orphans.items())
+        ]
         busy = []
         for name in sorted(names):
             busy += machines.remove_cgroups(self.machine_name(name))
-            machines.unmount_tree(self._paths(name).root)
-            network.remove_node_network(self.config.cluster_name, name)
+        if busy:
+            # Something of a node still runs: keep the state (its paths, its names), so that the
+            # next `cluster down` finds it again.
+            raise ClusterbakeError(
+                f"cgroups still busy after stopping the nodes: {', '.join(busy)}; the cluster's state is kept "
+                f"under {self.cluster.root}: run `cluster down` again, or end those processes (see the cgroups' "
+                "cgroup.procs)"
+            )
         if network.link_exists(network.bridge_name(self.config.cluster_name)):
             network.remove_bridge(self.config.cluster_name)
             removed.append(f"bridge {network.bridge_name(self.config.cluster_name)}")
         machines.unmount_tree(self.cluster.root)
         if self.cluster.root.exists():
-            subprocess.run(["rm", "-rf", "--one-file-system", str(self.cluster.root)], check=True)
-            removed.append(f"state {self.cluster.root}")
-        if busy:
-            raise ClusterbakeError(f"cgroups still busy after stopping the nodes: {', '.join(busy)}")
+            kept = {self.cluster.logs} if keep_logs else set()
+            doomed = [p for p in self.cluster.root.iterdir() if p not in kept] if kept else [self.cluster.root]
+            if doomed:
+                subprocess.run(["rm", "-rf", "--one-file-system", *map(str, doomed)], check=True)
+            removed.append(f"state {self.cluster.root}" + (f" (kept {self.cluster.logs})" if kept else ""))
         return removed
 
     # --- queries ---------------------------------------------------------------------
 
     def status(self) -> list[NodeStatus]:
         running = machines.find_machines(self.machine_prefix)
+        orphans = machines.find_orphans(self.machine_prefix)
         addresses = self.addresses()
         exists = self.cluster.exists()
         result = []
         for node in self.nodes:
+            if (orphan := orphans.get(self.machine_name(node.name))) is not None:
+                detail = f"its nspawn supervisor died; its init (PID {orphan}) runs on: `cluster up` restarts it"
+                result.append(
+                    NodeStatus(node.name, node.role, node.nodegroup, addresses[node.name], "orphaned", detail)
+                )
+                continue
             if self.machine_name(node.name) in running:
                 state = "running"
             elif exists and self.cluster.node(node.name).exists():
                 state = "stopped"
             else:
                 state = "absent"
-            result.append(NodeStatus(node.name, node.role, node.nodegroup, addresses[node.name], state))
+            image = self.disk_image(node.name) if exists else None
+            name = image.name if image else None
+            result.append(NodeStatus(node.name, node.role, node.nodegroup, addresses[node.name], state, image=name))
         return result
 
     def inventory(self) -> dict:
@@ -423,6 +619,7 @@ class LocalProvider(Provider):
             "ansible_ssh_private_key_file": str(self.cluster.ssh_key),
             "ansible_ssh_common_args": " ".join(self._ssh_options()),
             "munge_key_file": str(self.cluster.munge_key),
+            "slurm_accounting_local_password_file": str(self.cluster.db_password),
             "node_join_controller_dir": str(self.cluster.join_bundles),
             # Compute nodes join from their bundle: at boot, or pushed by after_configure.
             "node_join_self_join": True,
@@ -465,6 +662,24 @@ class LocalProvider(Provider):
 
     def billing_leftovers(self) -> BillingCheck:
         return BillingCheck(note="local: nothing bills")
+
+
+def _journal_tail(pid: int | None, root: Path, lines: int = 200) -> str:
+    """The last lines of a node's journal, read from the host (journald keeps it under the node's /run,
+    which only its running machine has, else on its disk)."""
+    places = [Path(f"/proc/{c}/root/run/log/journal") for c in machines._children(pid)] if pid else []
+    places.append(root / "var" / "log" / "journal")
+    # journald keeps its files in a directory per machine id below these.
+    for directory in (d for place in places if place.is_dir() for d in sorted(place.iterdir())):
+        if directory.is_dir():
+            result = subprocess.run(
+                ["journalctl", "--directory", str(directory), "--no-pager", "-n", str(lines)],
+                capture_output=True,
+                text=True,
+            )
+            if result.stdout.strip():
+                return result.stdout
+    return "(no journal found: the node's systemd never started journald, or it was already gone)\n"
 
 
 def _first_error(result) -> str:

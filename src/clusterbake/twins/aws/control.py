@@ -116,7 +116,7 @@ def down(state: StateDir) -> list[str]:
         read_info(state),
         "EC2 twin",
         STOP_TIMEOUT,
-        lambda: Nodes(directory, VPC_CIDR, Path(), lambda m: None).remove_all(),
+        lambda: Nodes(directory, VPC_CIDR, lambda m: None).remove_all(),
         TWIN_NETWORK,
         SERVICE_NETNS,
     )

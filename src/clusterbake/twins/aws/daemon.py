@@ -46,6 +46,7 @@ from clusterbake.twins.runtime import in_netns, iso, keep_reconciling, log, serv
 ACCOUNT = "123456789012"
 SEED = 20261201
 ADMIN_USER = "clusterbake-twin-admin"
+CHECKPOINT_BUCKET = "clusterbake-twin-checkpoints"
 CREDENTIAL_SECONDS = 6 * 3600
 POLL = 0.25
 SERVICE_NETNS = "cbsvc-twin-aws"
@@ -65,8 +66,7 @@ class Twin:
         self.started: set[str] = set()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        helper = Path(__file__).with_name("mount_helper.py")
-        self.nodes = Nodes(self.root, args.vpc_cidr, helper, log)
+        self.nodes = Nodes(self.root, args.vpc_cidr, log)
 
     # --- moto --------------------------------------------------------------------
 
@@ -136,8 +136,15 @@ class Twin:
             self.images[image] = Path(path) / "rootfs"
             self.ec2.amis[image].architecture = "x86_64"  # moto 5.2.5 drops RegisterImage's Architecture
             amis[name] = image
+        # A bucket for durable checkpoint copies (examples/aws-twin.yaml's checkpoints.copy_to): an
+        # account's own, like the VPC; clusterbake never creates buckets.
+        s3 = session.client("s3", region_name=self.region, endpoint_url=url)
+        s3.create_bucket(Bucket=CHECKPOINT_BUCKET)
         settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on, every request is signed and authorized
-        log(f"account ready: vpc {vpc}, subnet {subnet}, images {amis}; IAM authorization on")
+        log(
+            f"account ready: vpc {vpc}, subnet {subnet}, images {amis}, bucket {CHECKPOINT_BUCKET}; "
+            "IAM authorization on"
+        )
         return {
             "access_key_id": key["AccessKeyId"],
             "secret_access_key": key["SecretAccessKey"],
@@ -380,33 +387,19 @@ class Twin:
         from moto.efs.models import efs_backends
         from moto.fsx.models import fsx_backends
 
-        storage = self.nodes.storage
         endpoints: dict[str, dict[str, str]] = {}
-        wanted: set[Path] = set()
+        wanted: set[str] = set()
         for fs in list(efs_backends[ACCOUNT][self.region].file_systems_by_id.values()):
-            wanted.add(storage / "efs" / fs.file_system_id)
+            directory = f"efs/{fs.file_system_id}"
+            wanted.add(directory)
             for target in list(fs._mount_targets.values()):
-                endpoints[target.ip_address] = {"kind": "efs", "id": fs.file_system_id}
-            endpoints[f"{fs.file_system_id}.efs.{self.region}.amazonaws.com"] = {"kind": "efs", "id": fs.file_system_id}
+                endpoints[target.ip_address] = {"dir": directory}
+            endpoints[f"{fs.file_system_id}.efs.{self.region}.amazonaws.com"] = {"dir": directory}
         for fs in list(fsx_backends[ACCOUNT][self.region].file_systems.values()):
-            wanted.add(storage / "fsx" / fs.file_system_id)
-            endpoints[fs.dns_name] = {"kind": "fsx", "id": fs.file_system_id}
-        for directory in wanted:
-            if not directory.exists():
-                directory.mkdir(parents=True, mode=0o755)
-                log(f"file system {directory.name}: {directory}")
-        for kind in ("efs", "fsx"):
-            for directory in (storage / kind).glob("fs-*") if (storage / kind).is_dir() else []:
-                if directory not in wanted:
-                    subprocess_rm(directory)
-                    log(f"file system {directory.name} deleted: {directory} removed")
-        text = json.dumps(endpoints, indent=2, sort_keys=True)
-        target = storage / "endpoints.json"
-        if not target.exists() or target.read_text() != text:
-            storage.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(".tmp")
-            tmp.write_text(text)
-            tmp.replace(target)
+            directory = f"fsx/{fs.file_system_id}"
+            wanted.add(directory)
+            endpoints[fs.dns_name] = {"dir": directory}
+        self.nodes.sync_storage(wanted, endpoints)
 
     def keep_nodes(self) -> None:
         keep_reconciling(self.reconcile, self.stopping, POLL)
@@ -501,12 +494,6 @@ class Twin:
 
     def serve_control(self, path: Path) -> None:
         serve_control(path, self.control)
-
-
-def subprocess_rm(path: Path) -> None:
-    import subprocess
-
-    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,15 +18,12 @@ for boot of node"): each node gets a slurmd drop-in that adds `-b` (report the s
 slurmd as the boot, which on a node that just booted it is), as an instance booting
 now would report.
 
-Shared file systems: this kernel has no NFS or Lustre client, so each node also gets
-the twin's storage directory and a mount helper for `nfs`/`nfs4`/`lustre` that binds
-the file system's directory instead (see docs/twin.md: what the twin cannot show).
+Shared file systems: see twins/nodes.py (the mount helper binds the EFS/FSx directories).
 """
 
 from __future__ import annotations
 
 import hashlib
-import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +34,6 @@ TWIN_NETWORK = "twin-aws"  # names the bridge cb-twin-aws and netns cb-twin-aws-
 MACHINE_PREFIX = f"cb-{TWIN_NETWORK}-"
 IFNAME = "ens5"
 METADATA_ADDRESS = "169.254.169.254"
-STORAGE_INSIDE = "/run/clusterbake-twin/storage"
-MOUNT_HELPERS = ("/usr/sbin/mount.nfs", "/usr/sbin/mount.nfs4", "/usr/sbin/mount.lustre")
 LABEL = "The EC2 twin"
 SLURMD_BOOT_TIME = slurmd_boot_time(LABEL)
 __all__ = ["SLURMD_DROP_IN", "Instance", "Nodes", "ec2_hostname", "mac_of"]
@@ -66,16 +61,13 @@ def ec2_hostname(address: str) -> str:
 
 
 class Nodes(TwinNodes):
-    """The EC2 twin's nodes (twins/nodes.py), with the storage directory and mount helper of EFS/FSx."""
+    """The EC2 twin's nodes (twins/nodes.py)."""
 
-    def __init__(self, root: Path, vpc_cidr: str, mount_helper: Path, log):
+    def __init__(self, root: Path, vpc_cidr: str, log):
         super().__init__(root, TWIN_NETWORK, IFNAME, (vpc_cidr, f"{METADATA_ADDRESS}/32"), log, label=LABEL)
         self.vpc_cidr = vpc_cidr
-        self.mount_helper = mount_helper
-        self.storage = root / "storage"
 
     def start(self, instance: Instance) -> None:
-        self.storage.mkdir(parents=True, exist_ok=True)
         self.boot(
             NodeSpec(
                 key=instance.instance_id,
@@ -85,13 +77,5 @@ class Nodes(TwinNodes):
                 hostname=ec2_hostname(instance.address),
                 mac=mac_of(instance.instance_id),
                 uuid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ec2:{instance.instance_id}")),
-                binds={STORAGE_INSIDE: self.storage},
-                readonly_binds={helper: self.mount_helper for helper in MOUNT_HELPERS},
             )
         )
-
-    def remove_all(self) -> list[str]:
-        removed = super().remove_all()
-        if self.storage.exists():
-            shutil.rmtree(self.storage)
-        return removed

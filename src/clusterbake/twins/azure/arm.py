@@ -51,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-from clusterbake.twins.azure import skus
+from clusterbake.twins.azure import blob, prices, rbac, skus
 from clusterbake.twins.azure.state import ArmError, ArmState, Operation, ResourceId
 from clusterbake.twins.azure.tls import make_certificates, server_context
 
@@ -60,6 +60,8 @@ KEYVAULT_API_VERSION = re.compile(r"^(\d+\.\d+(-preview(\.\d+)?)?|\d{4}-\d{2}-\d
 VAULT_HOST = re.compile(r"^([a-z0-9-]{3,24})\.vault\.azure\.net:443$")
 ARM_AUDIENCE = "https://management.azure.com"
 VAULT_AUDIENCE = "https://vault.azure.net"
+STORAGE_AUDIENCE = "https://storage.azure.com"
+AUDIENCES = (ARM_AUDIENCE, VAULT_AUDIENCE, STORAGE_AUDIENCE)
 TOKEN_SECONDS = 3600
 
 
@@ -83,6 +85,7 @@ class Twin:
         self.controller_oid = str(state.guid("controller"))
         self.state_file = directory / "state.json"
         self.base_url = ""  # set once listening
+        self.blob_root: Path | None = None  # where the blob containers' files are (the twin's node storage)
 
     def token(self, oid: str, audience: str, app_id: str) -> tuple[str, int]:
         expires = int(time.time()) + TOKEN_SECONDS
@@ -235,6 +238,10 @@ class ArmHandler(Handler):
                 f"The api-version '{version}' is invalid. The supported versions are dates such as '2024-07-01'.",
             )
         self.claims = self.twin.verify(self.headers.get("Authorization"), ARM_AUDIENCE)
+        controller = self.claims["oid"] == self.twin.controller_oid
+        if not controller:
+            self.authorize(path, body)  # a managed identity: its role assignments decide (rbac.py)
+        state.actor = (self.claims["appid"], "Application" if controller else "ManagedIdentity")
         parts = [p for p in path.split("/") if p]
         lower = [p.lower() for p in parts]
         if len(parts) < 2 or lower[0] != "subscriptions":
@@ -253,6 +260,11 @@ class ArmHandler(Handler):
                     "state": "Enabled",
                 },
             )
+        if "microsoft.authorization" in rest_lower:
+            at = rest_lower.index("microsoft.authorization")
+            if at >= 1 and rest_lower[at - 1] == "providers":
+                scope = "/" + "/".join(parts[: at + 1])
+                self.authorization_route(scope, rest[at + 1 :], query, body)
         if rest_lower[0] == "resourcegroups":
             self.groups_route(subscription, rest, rest_lower, query, body)
         if rest_lower[0] == "resources" and len(rest) == 1 and self.command == "GET":
@@ -260,6 +272,68 @@ class ArmHandler(Handler):
         if rest_lower[0] == "providers" and len(rest) >= 2:
             self.subscription_provider_route(subscription, rest, rest_lower, query, body)
         raise ArmError(404, "InvalidResourceType", f"The resource path '{path}' is not known to this twin.")
+
+    # --- role definitions and assignments (rbac.py) ------------------------------------------
+
+    def authorize(self, path: str, body) -> None:
+        """ARM's RBAC for a principal that is not the subscription's owner (the controller): the request's
+        action at its scope, then each linked action (a subnet a NIC joins, an identity a VM gets, ...)."""
+        state = self.twin.state
+        needed = rbac.required(self.command, path, body if isinstance(body, dict) else {})
+        if needed is None:
+            return
+        action, scope, linked = needed
+        who = f"The client '{self.claims['appid']}' with object id '{self.claims['oid']}'"
+        if not state.allowed(self.claims["oid"], action, scope):
+            raise ArmError(
+                403,
+                "AuthorizationFailed",
+                f"{who} does not have authorization to perform action '{action}' over scope '{scope}' or the scope "
+                "is invalid. If access was recently granted, please refresh your credentials.",
+            )
+        for linked_action, linked_scope in linked:
+            if not state.allowed(self.claims["oid"], linked_action, linked_scope):
+                raise ArmError(
+                    403,
+                    "LinkedAuthorizationFailed",
+                    f"{who} has permission to perform action '{action}' on scope '{scope}'; however, it does not have "
+                    f"permission to perform action(s) '{linked_action}' on the linked scope(s) '{linked_scope}' "
+                    "(respectively) or the linked scope(s) are invalid.",
+                )
+
+    def authorization_route(self, scope: str, tail: list[str], query: dict, body) -> None:
+        state = self.twin.state
+        lower = [t.lower() for t in tail]
+        if lower == ["roleassignments"] and self.command == "GET":
+            principal = re.search(r"principalId eq '([^']+)'", query.get("$filter") or "")
+            self.page(state.list_role_assignments(scope, principal.group(1) if principal else None), query)
+        if len(lower) == 2 and lower[0] == "roleassignments":
+            if self.command == "PUT":
+                raise Reply(*state.put_role_assignment(scope, tail[1], body))
+            if self.command == "GET":
+                raise Reply(200, state.get_role_assignment(scope, tail[1]))
+            if self.command == "DELETE":
+                removed = state.delete_role_assignment(scope, tail[1])
+                raise Reply(200, removed) if removed else Reply(204)
+        if lower == ["roledefinitions"] and self.command == "GET":
+            name = re.search(r"roleName eq '([^']+)'", query.get("$filter") or "")
+            found = [state.role_definition(g) for g in rbac.BUILT_IN_ROLES]
+            found += list(state.role_definitions.values())
+            self.page([d for d in found if not name or d["properties"]["roleName"] == name.group(1)], query)
+        if len(lower) == 2 and lower[0] == "roledefinitions":
+            if self.command == "PUT":
+                raise Reply(201, state.put_role_definition(tail[1], body))
+            if self.command == "GET":
+                found = state.role_definition(tail[1])
+                if found is None:
+                    raise ArmError(
+                        404, "RoleDefinitionDoesNotExist", f"The role definition '{tail[1]}' does not exist."
+                    )
+                raise Reply(200, found)
+            if self.command == "DELETE":
+                removed = state.delete_role_definition(tail[1])
+                raise Reply(200, removed) if removed else Reply(204)
+        raise ArmError(404, "InvalidResourceType", f"'{'/'.join(tail)}' of Microsoft.Authorization is not emulated.")
 
     # --- twin switches and tokens ----------------------------------------------------------
 
@@ -288,7 +362,7 @@ class ArmHandler(Handler):
         if query.get("api-version") != "2019-08-01":
             raise Reply(400, {"statusCode": 400, "message": "api-version 2019-08-01 is required"})
         resource = query.get("resource", "").removesuffix("/.default").rstrip("/")
-        if resource not in (ARM_AUDIENCE, VAULT_AUDIENCE):
+        if resource not in AUDIENCES:
             raise Reply(400, {"statusCode": 400, "message": f"unknown resource {resource!r}"})
         client_id = query.get("client_id")
         if client_id:
@@ -422,6 +496,9 @@ class ArmHandler(Handler):
             raise Reply(200, resource)
         if self.command == "PUT":
             status, resource, op = state.put(rid, body)
+            if op is not None and rid.type_key == "microsoft.storage/storageaccounts":
+                # The storage provider answers a create with 202 and no body (its SDK accepts 200 or 202).
+                self.lro(202, None, op, version)
             self.lro(status, resource, op, version)
         if self.command == "PATCH":
             existing = state.get(rid)
@@ -440,6 +517,9 @@ class ArmHandler(Handler):
         state = self.twin.state
         namespace = lower[1]
         tail, tail_lower = rest[2:], lower[2:]
+        if namespace == "microsoft.storagecache" and tail_lower == ["checkamlfssubnets"] and self.command == "POST":
+            state.check_amlfs_subnets(body)
+            raise Reply(200)
         if namespace == "microsoft.compute" and tail_lower == ["skus"]:
             location = None
             if (match := re.search(r"location eq '([^']+)'", query.get("$filter") or "")) is not None:
@@ -657,8 +737,64 @@ class VaultHandler(Handler):
         raise Reply(404, {"error": {"code": "NotFound", "message": f"{self.command} {path} is not emulated."}})
 
 
+class ServiceHandler(BaseHTTPRequestHandler):
+    """A data plane the twin serves outside ARM's protocol (its own answers, its own log label)."""
+
+    protocol_version = "HTTP/1.1"
+    twin: Twin
+    label = "service"
+
+    def log_message(self, format, *args):
+        sys.stderr.write(f"{self.label} {self.address_string()} {format % args}\n")
+
+    def reply(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+
+
+class BlobHandler(ServiceHandler):
+    """`https://<account>.blob.core.windows.net/...` (blob.py) inside a tunnel or at the nodes' address."""
+
+    label = "blob"
+    account_name = ""
+
+    def _serve(self) -> None:
+        self.reply(
+            *blob.handle(
+                self.twin, self.command, self.path, self.headers, self.client_address[0], self.account_name,
+                self.twin.blob_root,
+            )
+        )  # fmt: skip
+
+    do_GET = do_HEAD = do_PUT = do_DELETE = do_POST = _serve
+
+
+class PricesHandler(ServiceHandler):
+    """`https://prices.azure.com/api/retail/prices` (prices.py) inside a tunnel: anonymous, as the API is."""
+
+    label = "prices"
+    host_name = ""
+
+    def do_GET(self) -> None:
+        status, answer = prices.answer(self.path)
+        self.reply(status, json.dumps(answer).encode(), {"Content-Type": "application/json; charset=utf-8"})
+
+
+# What the CONNECT proxy tunnels: host:443 pattern -> (handler class, the attribute the match names).
+TUNNELS = (
+    (VAULT_HOST, VaultHandler, "vault_name"),
+    (re.compile(r"^([a-z0-9]{3,24})\.blob\.core\.windows\.net:443$"), BlobHandler, "account_name"),
+    (re.compile(r"^(prices\.azure\.com):443$"), PricesHandler, "host_name"),
+)
+
+
 class ProxyHandler(BaseHTTPRequestHandler):
-    """An HTTP CONNECT proxy that only tunnels to Key Vault hosts, terminating TLS itself."""
+    """An HTTP CONNECT proxy that only tunnels to the twin's data planes (Key Vault, Blob), terminating TLS itself."""
 
     protocol_version = "HTTP/1.1"
     twin: Twin
@@ -668,12 +804,14 @@ class ProxyHandler(BaseHTTPRequestHandler):
         sys.stderr.write(f"proxy {self.address_string()} {format % args}\n")
 
     def do_CONNECT(self):
-        match = VAULT_HOST.match(self.path.lower())
-        if match is None:
-            self.send_response(403, "only *.vault.azure.net:443 is served by the twin")
+        target = self.path.lower()
+        tunnel_to = next(((p.match(target), h, a) for p, h, a in TUNNELS if p.match(target)), None)
+        if tunnel_to is None:
+            self.send_response(403, "only Key Vault, Blob Storage and Retail Prices hosts are served by the twin")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        match, base, attribute = tunnel_to
         self.send_response(200, "Connection established")
         self.end_headers()
         self.wfile.flush()
@@ -683,7 +821,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             sys.stderr.write(f"proxy: TLS handshake failed: {exc}\n")
             self.close_connection = True
             return
-        handler = type("TunnelVaultHandler", (VaultHandler,), {"twin": self.twin, "vault_name": match.group(1)})
+        handler = type(f"Tunnel{base.__name__}", (base,), {"twin": self.twin, attribute: match.group(1)})
         handler(tunnel, self.client_address, self.server)
         self.close_connection = True
 

@@ -62,6 +62,8 @@ IMAGE = "clusterbake-twin-node"
 NODE_VAULT_PORT = 443
 API = {"group": "2021-04-01", "network": "2024-05-01", "compute": "2024-07-01"}
 VAULT_HOST = re.compile(r"^([a-z0-9-]{3,24})\.vault\.azure\.net$")
+FILE_HOST = re.compile(r"^([a-z0-9]{3,24})\.file\.core\.windows\.net$")
+BLOB_HOST = re.compile(r"^([a-z0-9]{3,24})\.blob\.core\.windows\.net$")
 # Azure's notice per event type ("Scheduled Events for Linux VMs"): NotBefore seconds, duration.
 EVENT_DEFAULTS = {
     "Preempt": (30, -1),
@@ -71,6 +73,9 @@ EVENT_DEFAULTS = {
     "Redeploy": (600, -1),
 }
 RUNNING = ("starting", "running")
+# The nodes' storage directory (nodes.TwinNodes.storage): Lustre file systems and blob containers.
+AMLFS = "amlfs"
+BLOBS = "blobs"
 
 
 class AzureTwin:
@@ -108,6 +113,7 @@ class AzureTwin:
         self.endpoints = json.loads((directory / "endpoints.json").read_text())
         self.context = ssl.create_default_context(cafile=str(self.ca_file))
         self.nodes = AzureNodes(self.root, self.vnet_cidr, self.ca_file, log)
+        self.arm.blob_root = self.nodes.storage / BLOBS
         log(f"ARM on {self.arm.base_url}, Key Vault proxy on {self.endpoints['proxy']}")
 
     def arm_call(self, method: str, path: str, body: dict | None = None) -> dict:
@@ -146,7 +152,16 @@ class AzureTwin:
                 "tags": tags,
                 "properties": {
                     "addressSpace": {"addressPrefixes": [self.vnet_cidr]},
-                    "subnets": [{"name": SUBNET, "properties": {"addressPrefix": self.args.subnet_cidr}}],
+                    # With the Microsoft.Storage service endpoint, as NFS Azure file shares need.
+                    "subnets": [
+                        {
+                            "name": SUBNET,
+                            "properties": {
+                                "addressPrefix": self.args.subnet_cidr,
+                                "serviceEndpoints": [{"service": "Microsoft.Storage"}],
+                            },
+                        }
+                    ],
                 },
             },
         )
@@ -181,15 +196,22 @@ class AzureTwin:
     # --- Key Vault, IMDS and DNS for the nodes ----------------------------------------------
 
     def start_node_vault(self) -> None:
-        """`https://<vault>.vault.azure.net/` for the nodes: arm.py's Key Vault, vault by Host header."""
-        from clusterbake.twins.azure import arm
+        """`https://<vault>.vault.azure.net/` and `https://<account>.blob.core.windows.net/` for the nodes:
+        arm.py's Key Vault and blob service (blob.py), by Host header."""
+        from clusterbake.twins.azure import arm, blob
         from clusterbake.twins.azure.tls import server_context
 
         directory = self.root / "arm" / "tls"
 
-        class NodeVaultHandler(arm.VaultHandler):
+        class NodeVaultHandler(arm.VaultHandler, arm.ServiceHandler):
             def _by_host(self) -> None:
                 host = (self.headers.get("Host") or "").rsplit(":", 1)[0].lower()
+                if (blob_host := BLOB_HOST.match(host)) is not None:
+                    self.reply(*blob.handle(
+                        self.twin, self.command, self.path, self.headers, self.client_address[0], blob_host.group(1),
+                        self.twin.blob_root,
+                    ))  # fmt: skip
+                    return
                 match = VAULT_HOST.match(host)
                 if match is None:
                     self._send(404, {"error": {"code": "NotFound", "message": f"{host} is not a Key Vault host"}})
@@ -208,13 +230,13 @@ class AzureTwin:
 
     def token(self, identity: dict, resource: str) -> tuple[str, int]:
         """A managed identity token, signed as the ARM fake signs its own (arm.Twin.token)."""
-        from clusterbake.twins.azure.arm import ARM_AUDIENCE, VAULT_AUDIENCE
+        from clusterbake.twins.azure.arm import AUDIENCES
 
         audience = resource.removesuffix("/.default").rstrip("/")
-        if audience not in (ARM_AUDIENCE, VAULT_AUDIENCE):
+        if audience not in AUDIENCES:
             raise ValueError(
                 f"AADSTS500011: The resource principal named {resource} was not found in the tenant "
-                f"{self.arm.state.tenant} (the twin issues tokens for {ARM_AUDIENCE} and {VAULT_AUDIENCE})"
+                f"{self.arm.state.tenant} (the twin issues tokens for {', '.join(AUDIENCES)})"
             )
         return self.arm.token(identity["principalId"], resource, identity["clientId"])
 
@@ -243,6 +265,13 @@ class AzureTwin:
         if match:
             with self.arm.state.lock:
                 return self.address if self.arm.state.vault_by_name(match.group(1)) else None
+        match = FILE_HOST.match(name) or BLOB_HOST.match(name)
+        if match:
+            with self.arm.state.lock:
+                accounts = self.arm.state.resources.values()
+                found = any(a["type"] == "Microsoft.Storage/storageAccounts" and a["name"] == match.group(1)
+                            for a in accounts)  # fmt: skip
+            return self.address if found else None
         from clusterbake.twins.azure.nodes import DNS_SUFFIX
 
         host = name.removesuffix("." + DNS_SUFFIX)
@@ -408,6 +437,7 @@ class AzureTwin:
 
         snap, restarted = self.snapshot()
         resources = snap["resources"]
+        self.sync_storage()
         running = self.nodes.running()
         known = self.nodes.known()
         seen: dict[str, dict] = {}
@@ -489,6 +519,45 @@ class AzureTwin:
             }
             live_names = {info["vm"].lower() for info in seen.values()}
             self.events = {name: entry for name, entry in self.events.items() if name in live_names}
+
+    def sync_storage(self) -> None:
+        """What the twin's nodes may mount, a directory each (the stand-ins bind them, docs/twin.md):
+        - an NFS file share when its account allows no HTTPS-only traffic (NFS has no TLS) and lets the
+          twin's subnet in (default action Allow, or a virtual network rule for it), as Azure requires
+          before a mount succeeds (named by the account's file host);
+        - a Managed Lustre file system of a subnet of the twin's network, once provisioned (named by its
+          MGS address, as `mount -t lustre <mgs>@tcp:/lustrefs` names it);
+        - a blob container (blobfuse2's stand-in asks the blob service, which applies the account's
+          network rules and the identity's role, before it binds the directory)."""
+        directories: set[str] = set()
+        endpoints: dict[str, dict[str, str]] = {}
+        vnet = ipaddress.ip_network(self.vnet_cidr)
+        with self.arm.state.lock:
+            state = self.arm.state
+            shares = state.nfs_shares()
+            for fs in state.amlfs_filesystems():
+                subnet = state.resources.get(fs["properties"]["filesystemSubnet"].lower())
+                if subnet is None or not ipaddress.ip_network(subnet["properties"]["addressPrefix"]).subnet_of(vnet):
+                    continue
+                directories.add(f"{AMLFS}/{fs['name'].lower()}")
+                endpoints[fs["properties"]["clientInfo"]["mgsAddress"]] = {
+                    "dir": f"{AMLFS}/{fs['name'].lower()}",
+                    "fs_name": "lustrefs",  # every AMLFS file system's name
+                }
+            directories |= {f"{BLOBS}/{account['name']}/{c['name']}" for account, c in state.blob_containers()}
+        for account, share in shares:
+            props = account["properties"]
+            acls = props.get("networkAcls") or {}
+            rules = {(r.get("id") or "").lower() for r in acls.get("virtualNetworkRules") or []}
+            if props.get("supportsHttpsTrafficOnly", True):
+                continue
+            if acls.get("defaultAction", "Allow") != "Allow" and self.subnet_id.lower() not in rules:
+                continue
+            directory = f"files/{account['name']}/{share['name']}"
+            directories.add(directory)
+            host = f"{account['name']}.file.core.windows.net"
+            endpoints[host] = {"dir": f"files/{account['name']}", "prefix": account["name"]}
+        self.nodes.sync_storage(directories, endpoints)
 
     def keep_nodes(self) -> None:
         keep_reconciling(self.reconcile, self.stopping, POLL)

@@ -10,8 +10,10 @@ and its `computerName` as the hostname it boots with (what Azure's provisioning 
 What DHCP and the platform's certificates give a VM, the twin writes into the node's
 disk before each boot: `/etc/resolv.conf` naming 168.63.129.16 with the virtual
 network's DNS suffix (Azure's DHCP), and the twin's CA among the node's trusted CAs, so
-the Key Vault names the twin's DNS answers verify as they do against Microsoft's public
-certificates (see docs/twin.md: what the twin cannot show).
+the Key Vault and blob names the twin's DNS answers verify as they do against Microsoft's
+public certificates (see docs/twin.md: what the twin cannot show). Besides the twins'
+mount helper, the nodes get blobfuse2's stand-in (twins/blobfuse2_helper.py) at
+/usr/bin/blobfuse2 and /usr/bin/fusermount3.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ DNS_ADDRESS = "168.63.129.16"
 DNS_SUFFIX = "clusterbake-twin.internal.cloudapp.net"
 LABEL = "The Azure twin"
 CA_NAME = "clusterbake-azure-twin"
+BLOBFUSE2_HELPER = Path(__file__).resolve().parents[1] / "blobfuse2_helper.py"
 
 
 def ca_hash(ca_file: Path) -> str | None:
@@ -41,6 +44,9 @@ def ca_hash(ca_file: Path) -> str | None:
 
 
 class AzureNodes(TwinNodes):
+    # blobfuse2 and its fusermount3 (FUSE cannot run here): twins/blobfuse2_helper.py, see docs/twin.md.
+    extra_helpers = {"/usr/bin/blobfuse2": BLOBFUSE2_HELPER, "/usr/bin/fusermount3": BLOBFUSE2_HELPER}
+
     def __init__(self, root: Path, vnet_cidr: str, ca_file: Path | None, log):
         routes = (vnet_cidr, f"{METADATA_ADDRESS}/32", f"{DNS_ADDRESS}/32")
         super().__init__(root, TWIN_NETWORK, IFNAME, routes, log, label=LABEL, prepare=self._prepare)

@@ -6,6 +6,7 @@ LowPriorityCapable (spot). Capability names and value strings are those of the R
 SKUs API (`az vm list-skus`): every value is a string, booleans "True"/"False".
 
 - Standard_D2s_v5, Standard_D4s_v5, Standard_D8s_v5: general purpose (2 / 4 / 8 vCPUs, 8 / 16 / 32 GiB).
+- Standard_D2as_v5, Standard_D4as_v5: the same with AMD EPYC (2 / 4 vCPUs, 8 / 16 GiB; family DASv5).
 - Standard_HB120rs_v3: 120 AMD cores without SMT, 448 GiB, 200 Gb/s HDR InfiniBand.
 - Standard_NC24ads_A100_v4: 24 vCPUs, 220 GiB, 1 x A100 80 GB, no InfiniBand.
 - Standard_ND96isr_H100_v5: 96 physical Sapphire Rapids cores, 1,900 GiB, 8 x H100 80 GB,
@@ -25,6 +26,8 @@ SIZES: dict[str, tuple[str, int, float, int, bool, int, bool]] = {
     "Standard_D2s_v5": ("standardDSv5Family", 2, 8, 0, False, 2, True),
     "Standard_D4s_v5": ("standardDSv5Family", 4, 16, 0, False, 2, True),
     "Standard_D8s_v5": ("standardDSv5Family", 8, 32, 0, False, 2, True),
+    "Standard_D2as_v5": ("standardDASv5Family", 2, 8, 0, False, 2, True),
+    "Standard_D4as_v5": ("standardDASv5Family", 4, 16, 0, False, 2, True),
     "Standard_HB120rs_v3": ("standardHBrsv3Family", 120, 448, 0, True, 1, True),
     "Standard_NC24ads_A100_v4": ("standardNCADSA100v4Family", 24, 220, 1, False, 1, True),
     "Standard_ND96isr_H100_v5": ("standardNDSH100v5Family", 96, 1900, 8, True, 1, False),
@@ -41,6 +44,7 @@ ZONE_RESTRICTIONS: dict[tuple[str, str], list[str]] = {("eastus", "Standard_ND96
 
 FAMILY_NAMES = {
     "standardDSv5Family": "Standard DSv5 Family vCPUs",
+    "standardDASv5Family": "Standard DASv5 Family vCPUs",
     "standardHBrsv3Family": "Standard HBrsv3 Family vCPUs",
     "standardNCADSA100v4Family": "Standard NCADS_A100_v4 Family vCPUs",
     "standardNDSH100v5Family": "Standard NDSH100v5 Family vCPUs",

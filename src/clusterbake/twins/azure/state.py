@@ -42,6 +42,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from clusterbake.twins.azure import skus
+from clusterbake.twins.azure.lustre import AmlfsMixin
+from clusterbake.twins.azure.rbac import RbacMixin
 
 NAMESPACE = uuid.UUID("6d1c1f0e-4c1b-4d59-9f5e-6b7a2d0c1a77")
 DEFAULT_SUBSCRIPTION = "00000000-0000-4000-8000-00000000c1b0"
@@ -62,6 +64,10 @@ CANONICAL_TYPES = {
         "Microsoft.Compute/images",
         "Microsoft.ManagedIdentity/userAssignedIdentities",
         "Microsoft.KeyVault/vaults",
+        "Microsoft.Storage/storageAccounts",
+        "Microsoft.Storage/storageAccounts/fileServices/shares",
+        "Microsoft.Storage/storageAccounts/blobServices/containers",
+        "Microsoft.StorageCache/amlFilesystems",
     )
 }
 # Long-running PUTs (201 + Azure-AsyncOperation); the others answer at once.
@@ -74,12 +80,17 @@ LRO_PUT = {
     "microsoft.compute/virtualmachinescalesets",
     "microsoft.compute/virtualmachines",
     "microsoft.keyvault/vaults",
+    "microsoft.storage/storageaccounts",
+    "microsoft.storagecache/amlfilesystems",
 }
 SYNC_DELETE = {
     "microsoft.compute/proximityplacementgroups",
     "microsoft.managedidentity/userassignedidentities",
     "microsoft.keyvault/vaults",
     "microsoft.compute/images",
+    "microsoft.storage/storageaccounts",
+    "microsoft.storage/storageaccounts/fileservices/shares",
+    "microsoft.storage/storageaccounts/blobservices/containers",
 }
 RESERVED_ADMIN_NAMES = {
     "administrator",
@@ -116,6 +127,10 @@ RESERVED_ADMIN_NAMES = {
     "user5",
 }
 TAG_FORBIDDEN = re.compile(r"[<>%&\\?/]")
+STORAGE_ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")
+SHARE_NAME = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
+CONTAINER_NAME = SHARE_NAME  # the same rules: 3-63 lowercase letters, digits, single hyphens
+STORAGE_KINDS = {"StorageV2", "Storage", "BlobStorage", "BlockBlobStorage", "FileStorage"}
 VAULT_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,22}[a-zA-Z0-9]$")
 RG_NAME = re.compile(r"^[-\w.()]{0,89}[-\w()]$")
 RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,78}[A-Za-z0-9_])?$")
@@ -127,8 +142,11 @@ class ArmError(Exception):
     def __init__(self, status: int, code: str, message: str, target: str | None = None):
         super().__init__(message)
         self.status, self.code, self.message, self.target = status, code, message, target
+        self.custom_body: dict | None = None  # an API whose errors are not ARM's shape (checkAmlFSSubnets)
 
     def body(self) -> dict:
+        if self.custom_body is not None:
+            return self.custom_body
         error = {"code": self.code, "message": self.message}
         if self.target:
             error["target"] = self.target
@@ -222,7 +240,7 @@ class Operation:
     started: str = field(default_factory=_now)
 
 
-class ArmState:
+class ArmState(AmlfsMixin, RbacMixin):
     def __init__(
         self,
         subscription: str = DEFAULT_SUBSCRIPTION,
@@ -241,6 +259,10 @@ class ArmState:
         self.operations: dict[str, Operation] = {}
         self.capacity: dict[str, dict] = {}  # size (lower) -> {"limit": n, "code": ...}
         self.quota: dict[str, dict[str, int]] = {}  # location -> usage name -> limit
+        self.role_definitions: dict[str, dict] = {}  # custom roles by GUID (lower case)
+        self.role_assignments: dict[str, dict] = {}  # assignment id (lower case) -> assignment
+        # Who sends the request being handled (arm.py sets it): (client id, createdByType) for systemData.
+        self.actor: tuple[str, str] = ("clusterbake-twin", "Application")
 
     # --- persistence ------------------------------------------------------------------
 
@@ -257,6 +279,8 @@ class ArmState:
                     "secrets": self.secrets,
                     "capacity": self.capacity,
                     "quota": self.quota,
+                    "role_definitions": self.role_definitions,
+                    "role_assignments": self.role_assignments,
                 }
             )
 
@@ -267,6 +291,8 @@ class ArmState:
             self.secrets = data.get("secrets", {})
             self.capacity = data.get("capacity", {})
             self.quota = data.get("quota", {})
+            self.role_definitions = data.get("role_definitions", {})
+            self.role_assignments = data.get("role_assignments", {})
             # Operations are not kept across a restart: what was in flight finishes now.
             for key, resource in list(self.resources.items()):
                 state = resource.get("properties", {}).get("provisioningState")
@@ -426,6 +452,7 @@ class ArmState:
                 if resource["type"] == "Microsoft.KeyVault/vaults":
                     self._soft_delete_vault(resource)
                 self._remove(key)
+        self.drop_assignments_below(f"/subscriptions/{self.subscription}/resourceGroups/{name}")
         self.groups.pop(name.lower(), None)
 
     def _type_of(self, key: str) -> str:
@@ -563,8 +590,16 @@ class ArmState:
             if op.kind == "provision":
                 resource["properties"]["provisioningState"] = "Updating" if existing else "Creating"
         resource.pop("_lro", None)
+        resource["systemData"] = self._system_data(existing)
         self.resources[rid.key] = resource
         return (200 if existing else 201), self.view(resource), op
+
+    def _system_data(self, existing: dict | None) -> dict:
+        """ARM's systemData: who created and last changed a resource (`actor`: the request's principal)."""
+        who, kind = self.actor
+        now = _now()
+        data = dict((existing or {}).get("systemData") or {"createdBy": who, "createdByType": kind, "createdAt": now})
+        return data | {"lastModifiedBy": who, "lastModifiedByType": kind, "lastModifiedAt": now}
 
     def delete(self, rid: ResourceId) -> tuple[int, Operation | None]:
         self.check_subscription(rid.subscription)
@@ -584,9 +619,8 @@ class ArmState:
     def _check_delete(self, rid: ResourceId, resource: dict) -> None:
         rtype = resource["type"]
         rid_lower = resource["id"].lower()
-        if (
-            rtype == "Microsoft.Network/virtualNetworks/subnets"
-            and self.view(resource)["properties"]["ipConfigurations"]
+        if rtype == "Microsoft.Network/virtualNetworks/subnets" and (
+            self.view(resource)["properties"]["ipConfigurations"] or self.amlfs_addresses(resource["id"])
         ):
             raise ArmError(
                 400,
@@ -647,6 +681,7 @@ class ArmState:
             return
         for child in [k for k in self.resources if k.startswith(key.lower() + "/")]:
             self.resources.pop(child)
+        self.drop_assignments_below(resource["id"])
         if resource["type"] == "Microsoft.Compute/virtualMachines":
             for ref in resource["properties"]["networkProfile"].get("networkInterfaces", []):
                 nic = self.resources.get(ref["id"].lower())
@@ -740,6 +775,17 @@ class ArmState:
                 )
         resource = self._base(rid, body, existing, location=False)
         resource["properties"] = {"addressPrefix": str(prefix), "provisioningState": "Succeeded"}
+        endpoints = props.get("serviceEndpoints") or []
+        if endpoints:
+            location = vnet["location"]
+            resource["properties"]["serviceEndpoints"] = [
+                {
+                    "service": e.get("service"),
+                    "locations": e.get("locations") or [location],
+                    "provisioningState": "Succeeded",
+                }
+                for e in endpoints
+            ]
         if props.get("networkSecurityGroup"):
             nsg = self._require(
                 _ref(props["networkSecurityGroup"]), "Microsoft.Network/networkSecurityGroups", "networkSecurityGroup"
@@ -851,13 +897,14 @@ class ArmState:
         return resource
 
     def _addresses_in_use(self, subnet_id: str, except_nic: str | None = None) -> set[str]:
+        """Private addresses of the subnet's NICs and of the file systems (AMLFS) in it."""
         return {
             c["properties"].get("privateIPAddress")
             for nic in self._of_type("Microsoft.Network/networkInterfaces")
             if nic["id"].lower() != (except_nic or "").lower()
             for c in nic["properties"]["ipConfigurations"]
             if (_ref(c["properties"].get("subnet")) or "").lower() == subnet_id.lower()
-        }
+        } | self.amlfs_addresses(subnet_id)
 
     def _put_network_networkinterfaces(self, rid, body, existing):
         resource = self._base(rid, body, existing)
@@ -993,6 +1040,9 @@ class ArmState:
                     and _ref(c["properties"]["subnet"]).lower() == subnet_id.lower()
                 ):
                     return c["id"]
+        for fs in self._of_type("Microsoft.StorageCache/amlFilesystems"):
+            if fs["properties"]["clientInfo"]["mgsAddress"] == address:
+                return fs["id"]
         return "?"
 
     # --- compute ------------------------------------------------------------------------
@@ -1127,6 +1177,8 @@ class ArmState:
                 )
             updated = copy.deepcopy(existing)
             updated["tags"] = resource["tags"]
+            if body.get("identity") and body["identity"] != existing.get("identity"):
+                updated["identity"] = self._vm_identity(rid, body["identity"])
             updated["_lro"] = False
             return updated
         if not size:
@@ -1253,33 +1305,8 @@ class ArmState:
                 )
             if nic["location"] != location:
                 raise ArmError(400, "InvalidParameter", f"{nic['id']} is not in {location}.", "networkProfile")
-        identity = body.get("identity")
-        if identity:
-            kinds = {k.strip() for k in str(identity.get("type", "")).split(",")}
-            if not kinds <= {"SystemAssigned", "UserAssigned", "None"}:
-                raise ArmError(400, "InvalidParameter", f"identity type {identity.get('type')}.", "identity.type")
-            assigned = identity.get("userAssignedIdentities") or {}
-            if ("UserAssigned" in kinds) != bool(assigned):
-                raise ArmError(
-                    400,
-                    "InvalidParameter",
-                    "userAssignedIdentities are required with identity type UserAssigned (and only then).",
-                    "identity",
-                )
-            out = {}
-            for uid in assigned:
-                found = self.resources.get(uid.lower())
-                if found is None or found["type"] != "Microsoft.ManagedIdentity/userAssignedIdentities":
-                    raise ArmError(
-                        400,
-                        "FailedIdentityOperation",
-                        f"Identity operation for resource '{rid}' failed with error 'Resource '{uid}' was not found.'",
-                    )
-                out[found["id"]] = {
-                    "principalId": found["properties"]["principalId"],
-                    "clientId": found["properties"]["clientId"],
-                }
-            resource["identity"] = {"type": identity["type"], "userAssignedIdentities": out}
+        if body.get("identity"):
+            resource["identity"] = self._vm_identity(rid, body["identity"])
         for key, rtype in (
             ("proximityPlacementGroup", "Microsoft.Compute/proximityPlacementGroups"),
             ("virtualMachineScaleSet", "Microsoft.Compute/virtualMachineScaleSets"),
@@ -1405,6 +1432,34 @@ class ArmState:
                 resource["_op"] = self.start("fail", str(rid), location, "Microsoft.Compute", error=error)
         return resource
 
+    def _vm_identity(self, rid, identity: dict) -> dict:
+        """A VM's `identity` as Azure keeps it: each user-assigned identity with its principal and client ids."""
+        kinds = {k.strip() for k in str(identity.get("type", "")).split(",")}
+        if not kinds <= {"SystemAssigned", "UserAssigned", "None"}:
+            raise ArmError(400, "InvalidParameter", f"identity type {identity.get('type')}.", "identity.type")
+        assigned = identity.get("userAssignedIdentities") or {}
+        if ("UserAssigned" in kinds) != bool(assigned):
+            raise ArmError(
+                400,
+                "InvalidParameter",
+                "userAssignedIdentities are required with identity type UserAssigned (and only then).",
+                "identity",
+            )
+        out = {}
+        for uid in assigned:
+            found = self.resources.get(uid.lower())
+            if found is None or found["type"] != "Microsoft.ManagedIdentity/userAssignedIdentities":
+                raise ArmError(
+                    400,
+                    "FailedIdentityOperation",
+                    f"Identity operation for resource '{rid}' failed with error 'Resource '{uid}' was not found.'",
+                )
+            out[found["id"]] = {
+                "principalId": found["properties"]["principalId"],
+                "clientId": found["properties"]["clientId"],
+            }
+        return {"type": identity["type"], "userAssignedIdentities": out}
+
     def instance_view(self, vm: dict) -> dict:
         state = vm["properties"].get("provisioningState", "Succeeded")
         statuses = [
@@ -1476,6 +1531,149 @@ class ArmState:
             if identity["properties"]["clientId"] == client_id:
                 return identity
         return None
+
+    # --- storage (accounts and NFS file shares) --------------------------------------------
+
+    def _put_storage_storageaccounts(self, rid, body, existing):
+        if not STORAGE_ACCOUNT_NAME.match(rid.name):
+            raise ArmError(
+                400,
+                "AccountNameInvalid",
+                f"{rid.name} is not a valid storage account name. Storage account name must be between 3 and 24 "
+                "characters in length and use numbers and lower-case letters only.",
+            )
+        taken = next((a for a in self._of_type("Microsoft.Storage/storageAccounts") if a["name"] == rid.name), None)
+        if taken is not None and taken["id"].lower() != rid.key:
+            raise ArmError(409, "StorageAccountAlreadyTaken", f"The storage account named {rid.name} is already taken.")
+        kind = body.get("kind")
+        if kind not in STORAGE_KINDS:
+            raise ArmError(400, "InvalidRequestPropertyValue", f"The value '{kind}' is not allowed for 'kind'.")
+        sku = (body.get("sku") or {}).get("name") or ""
+        if kind == "FileStorage" and not sku.startswith("Premium_"):
+            raise ArmError(
+                400, "InvalidRequestPropertyValue", f"Sku '{sku}' is not supported for kind FileStorage (Premium only)."
+            )
+        props = body.get("properties") or {}
+        resource = self._base(rid, body, existing)
+        acls = props.get("networkAcls") or {"defaultAction": "Allow", "bypass": "AzureServices"}
+        for rule in acls.get("virtualNetworkRules") or []:
+            subnet = self._require(rule.get("id"), "Microsoft.Network/virtualNetworks/subnets", "virtualNetworkRules")
+            services = {e["service"] for e in subnet["properties"].get("serviceEndpoints", [])}
+            if not services & {"Microsoft.Storage", "Microsoft.Storage.Global"}:
+                raise ArmError(
+                    400,
+                    "NetworkAclsValidationFailure",
+                    f"Validation of network acls failure: SubnetsHaveNoServiceEndpointsConfigured:Subnets "
+                    f"{subnet['name']} of virtual network {rid.subscription} do not have ServiceEndpoints for "
+                    "Microsoft.Storage resources configured. Add Microsoft.Storage to subnet's ServiceEndpoints "
+                    "collection before trying to ACL Microsoft.Storage resources to these subnets..",
+                )
+            rule.setdefault("action", "Allow")
+            rule["state"] = "Succeeded"
+        name = rid.name
+        resource["kind"] = kind
+        resource["sku"] = {"name": sku, "tier": "Premium" if sku.startswith("Premium_") else "Standard"}
+        resource["properties"] = {
+            "provisioningState": "Succeeded",
+            "creationTime": existing["properties"]["creationTime"] if existing else _now(),
+            "primaryLocation": resource["location"],
+            "statusOfPrimary": "available",
+            "supportsHttpsTrafficOnly": props.get("supportsHttpsTrafficOnly", True),
+            "minimumTlsVersion": props.get("minimumTlsVersion", "TLS1_0"),
+            "allowBlobPublicAccess": props.get("allowBlobPublicAccess", False),
+            "allowSharedKeyAccess": props.get("allowSharedKeyAccess", True),
+            "networkAcls": acls,
+            "primaryEndpoints": {
+                "file": f"https://{name}.file.core.windows.net/",
+                "blob": f"https://{name}.blob.core.windows.net/",
+                "queue": f"https://{name}.queue.core.windows.net/",
+                "table": f"https://{name}.table.core.windows.net/",
+            },
+        }
+        return resource
+
+    def _put_storage_storageaccounts_fileservices_shares(self, rid, body, existing):
+        if rid.names[1] != "default":
+            raise ArmError(400, "InvalidResourceName", "The file service name must be 'default'.")
+        account = self.resources.get(rid.parent().parent().key)
+        if account is None:
+            raise not_found(str(rid.parent().parent()), "Microsoft.Storage/storageAccounts")
+        if not SHARE_NAME.match(rid.name):
+            raise ArmError(400, "InvalidResourceName", f"The specifed resource name '{rid.name}' is invalid.")
+        props = body.get("properties") or {}
+        protocol = props.get("enabledProtocols", "SMB")
+        if protocol == "NFS" and account["kind"] != "FileStorage":
+            raise ArmError(
+                400, "InvalidHeaderValue", "NFS file shares need a premium FileStorage account (kind FileStorage)."
+            )
+        if existing and existing["properties"]["enabledProtocols"] != protocol:
+            raise ArmError(400, "InvalidHeaderValue", "enabledProtocols cannot be changed on an existing share.")
+        quota = props.get("shareQuota", 102400 if account["kind"] == "FileStorage" else 5120)
+        if account["kind"] == "FileStorage" and not 100 <= int(quota) <= 102400:
+            raise ArmError(400, "InvalidHeaderValue", "shareQuota of a premium share must be 100 to 102400 GiB.")
+        resource = self._base(rid, body, existing, location=False)
+        resource["type"] = "Microsoft.Storage/storageAccounts/fileServices/shares"
+        resource["properties"] = {
+            "enabledProtocols": protocol,
+            "rootSquash": props.get("rootSquash", "NoRootSquash") if protocol == "NFS" else None,
+            "shareQuota": int(quota),
+            "lastModifiedTime": _now(),
+            "accessTier": "Premium" if account["kind"] == "FileStorage" else "TransactionOptimized",
+        }
+        return resource
+
+    def _put_storage_storageaccounts_blobservices_containers(self, rid, body, existing):
+        if rid.names[1] != "default":
+            raise ArmError(400, "InvalidResourceName", "The blob service name must be 'default'.")
+        account = self.resources.get(rid.parent().parent().key)
+        if account is None:
+            raise not_found(str(rid.parent().parent()), "Microsoft.Storage/storageAccounts")
+        if account["kind"] == "FileStorage":
+            raise ArmError(
+                400, "FeatureNotSupportedForAccount", "Blob is not supported for the account (kind FileStorage)."
+            )
+        if not CONTAINER_NAME.match(rid.name):
+            raise ArmError(400, "ContainerNameInvalid", f"The specified container name '{rid.name}' is invalid.")
+        props = body.get("properties") or {}
+        access = props.get("publicAccess", "None")
+        if access not in ("None", "Container", "Blob"):
+            raise ArmError(400, "InvalidRequestPropertyValue", f"publicAccess {access!r}.")
+        if access != "None" and not account["properties"]["allowBlobPublicAccess"]:
+            raise ArmError(409, "PublicAccessNotPermitted", "Public access is not permitted on this storage account.")
+        resource = self._base(rid, body, existing, location=False)
+        resource["type"] = "Microsoft.Storage/storageAccounts/blobServices/containers"
+        resource["properties"] = {
+            "publicAccess": access,
+            "lastModifiedTime": _now(),
+            "leaseStatus": "Unlocked",
+            "leaseState": "Available",
+            "hasImmutabilityPolicy": False,
+            "hasLegalHold": False,
+        }
+        return resource
+
+    def blob_containers(self) -> list[tuple[dict, dict]]:
+        """(account, container) of every blob container."""
+        found = []
+        for container in self._of_type("Microsoft.Storage/storageAccounts/blobServices/containers"):
+            account = self.resources.get(ResourceId.parse(container["id"]).parent().parent().key)
+            if account is not None:
+                found.append((account, container))
+        return found
+
+    def account_by_name(self, name: str) -> dict | None:
+        return next((a for a in self._of_type("Microsoft.Storage/storageAccounts") if a["name"] == name), None)
+
+    def nfs_shares(self) -> list[tuple[dict, dict]]:
+        """(account, share) of every NFS share: what the twin's nodes may mount."""
+        found = []
+        for share in self._of_type("Microsoft.Storage/storageAccounts/fileServices/shares"):
+            if share["properties"]["enabledProtocols"] != "NFS":
+                continue
+            account = self.resources.get(ResourceId.parse(share["id"]).parent().parent().key)
+            if account is not None:
+                found.append((account, share))
+        return found
 
     # --- key vault ----------------------------------------------------------------------
 

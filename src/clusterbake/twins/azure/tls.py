@@ -4,8 +4,9 @@ The Azure SDK sends bearer tokens over https only (azure-core's BearerTokenCrede
 refuses http), so the twin speaks TLS like Azure does. Clients trust the twin's CA through
 the standard `REQUESTS_CA_BUNDLE` (requests, under azure-core, reads it); nothing in
 clusterbake disables verification. The server certificate names 127.0.0.1, localhost,
-management.azure.com and *.vault.azure.net (Key Vault's data plane is reached at the
-vault's real URL through the twin's CONNECT proxy, see arm.py).
+management.azure.com, *.vault.azure.net and *.blob.core.windows.net (Key Vault's and Blob
+Storage's data planes are reached at their real URLs through the twin's CONNECT proxy, see
+arm.py, and by the nodes at the twin's address, which the twin's DNS gives those names).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-DNS_NAMES = ("localhost", "management.azure.com", "*.vault.azure.net")
+DNS_NAMES = ("localhost", "management.azure.com", "*.vault.azure.net", "*.blob.core.windows.net", "prices.azure.com")
 
 
 def _name(common: str) -> x509.Name:

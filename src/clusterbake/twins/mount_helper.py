@@ -1,14 +1,20 @@
 #!/usr/bin/python3
-"""The EC2 twin's stand-in for mount.nfs / mount.nfs4 / mount.lustre inside its nodes.
+"""The twins' stand-in for mount.nfs / mount.nfs4 / mount.lustre inside their nodes.
 
-This machine's kernel has no NFS or Lustre client, so the twin binds each node
+This machine's kernel has no NFS or Lustre client, so a twin binds each node's
 `/usr/sbin/mount.nfs{,4}` and `/usr/sbin/mount.lustre` to this program. mount(8)
-calls it as `mount.<type> SPEC DIR [-o OPTIONS] [-s] [-f] [-n] [-v]`. It looks SPEC up
-in the twin's storage map (an EFS mount target's address, or an FSx for Lustre
-file system's DNS name) and bind-mounts that file system's directory, which every
-node of the twin shares, at DIR. Only the twin's nodes ever run it; see docs/twin.md
-for what this cannot show (NFS and Lustre semantics, mount target reachability,
-security groups, performance).
+calls it as `mount.<type> SPEC DIR [-o OPTIONS] [-s] [-f] [-n] [-v]`. It looks SPEC's
+host up in the twin's storage map (an EFS mount target's address, an FSx for Lustre
+file system's DNS name, an Azure storage account's file host, an Azure Managed Lustre
+file system's MGS address) and bind-mounts that
+file system's directory, which every node of the twin shares, at DIR. Only the twins'
+nodes ever run it; see docs/twin.md for what this cannot show (NFS and Lustre
+semantics, reachability, security groups and network rules, performance).
+
+The map (`endpoints.json`, written by the twin): host -> {"dir": the file system's
+directory under the storage root, "prefix": the part of SPEC's path that names it (an
+Azure export's `/<account>`), stripped before the rest is taken as a subdirectory,
+"fs_name": the Lustre file system name SPEC must give (Azure Managed Lustre's `lustrefs`)}.
 """
 
 from __future__ import annotations
@@ -25,16 +31,24 @@ EXIT_USAGE, EXIT_FAILURE = 1, 32  # mount(8)'s codes for helpers
 def source_of(spec: str) -> Path | None:
     """The directory of the file system SPEC names, or None."""
     endpoints = json.loads((STORAGE / "endpoints.json").read_text()) if (STORAGE / "endpoints.json").exists() else {}
-    if "@tcp:/" in spec:  # lustre: <dns name>@tcp:/<mount name>[/subdir]
+    fs_name = None
+    if "@tcp:/" in spec:  # lustre: <dns name or MGS address>@tcp:/<mount or file system name>[/subdir]
         host, _, rest = spec.partition("@tcp:/")
-        subdir = rest.partition("/")[2]
+        fs_name, _, subdir = rest.partition("/")
     else:  # nfs: <address or name>:/<path>
         host, _, rest = spec.partition(":")
         subdir = rest.lstrip("/")
     entry = endpoints.get(host)
-    if entry is None:
+    if entry is None or (fs_name is not None and entry.get("fs_name", fs_name) != fs_name):
         return None
-    return STORAGE / entry["kind"] / entry["id"] / subdir
+    prefix = entry.get("prefix", "").strip("/")
+    if prefix:
+        head, _, subdir = subdir.partition("/")
+        if head != prefix:
+            return None
+    if ".." in subdir.split("/"):
+        return None
+    return STORAGE / entry["dir"] / subdir
 
 
 def main(argv: list[str]) -> int:
@@ -46,8 +60,8 @@ def main(argv: list[str]) -> int:
     source = source_of(spec)
     if source is None or not source.is_dir():
         print(
-            f"clusterbake twin: no EFS or FSx file system at {spec} (the twin binds the directories of the "
-            "file systems its API created; see docs/twin.md)",
+            f"clusterbake twin: no file system at {spec} (the twin binds the directories of the file systems "
+            "and shares its API created and the nodes may reach; see docs/twin.md)",
             file=sys.stderr,
         )
         return EXIT_FAILURE

@@ -1,0 +1,162 @@
+"""Elastic node groups on Azure: what the head's power program (role slurm_power, backend `azure`) needs.
+
+The head gets a user-assigned identity of its own, `clusterbake-<cluster>-head`, besides the
+nodes' (the VM has both; the program asks IMDS for this one's token by its client id). The
+identity may do exactly what powering nodes up and down takes, through a custom role
+`clusterbake-power-<cluster>-<8 hex>` (role names are unique per tenant) whose actions are the
+resource provider operations of a NIC and a VM create and delete (ACTIONS), assignable at the
+cluster's resource group and the groups of its subnet and image, and assigned:
+
+- at the cluster's resource group: the VMs, NICs, OS disks, placement groups and scale sets,
+  and the nodes' identity (`.../userAssignedIdentities/assign/action`: a VM can be given it);
+- at the subnet (`.../subnets/join/action`: ARM checks it as a linked action of the NIC);
+- at the image, when it is a resource (a managed image or gallery image version).
+
+`cluster down` deletes the assignments (rbac.delete_all), then the role definition.
+
+power_vars() is the inventory's `slurm_power_azure` (power.json's `azure`): the ARM endpoint
+this controller uses (the twin's too), the head identity's client id, and per elastic group its
+sizes in order, the NIC and VM bodies of resources.py (the program fills in the node's address,
+name, size and user data), the user data template and each elastic node's planned address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from clusterbake.providers.azure import rbac
+from clusterbake.providers.azure.api import arm_endpoint
+
+NAMESPACE = uuid.UUID("9d7f5c1a-2b3e-4f60-8a1d-5e6c7b8a9f01")
+API_VERSIONS = {"compute": "2024-07-01", "network": "2024-05-01"}
+# The resource provider operations of creating and deleting a node's NIC and VM (Microsoft's
+# "Azure resource provider operations": Microsoft.Compute, Microsoft.Network, Microsoft.ManagedIdentity).
+ACTIONS = [
+    "Microsoft.Compute/virtualMachines/read",
+    "Microsoft.Compute/virtualMachines/write",
+    "Microsoft.Compute/virtualMachines/delete",
+    "Microsoft.Compute/virtualMachines/instanceView/read",
+    "Microsoft.Compute/disks/read",
+    "Microsoft.Compute/disks/delete",
+    "Microsoft.Compute/images/read",
+    "Microsoft.Compute/galleries/images/versions/read",
+    "Microsoft.Compute/proximityPlacementGroups/read",
+    "Microsoft.Compute/proximityPlacementGroups/write",
+    "Microsoft.Compute/virtualMachineScaleSets/read",
+    "Microsoft.Compute/virtualMachineScaleSets/write",
+    "Microsoft.Compute/locations/operations/read",
+    "Microsoft.Network/networkInterfaces/read",
+    "Microsoft.Network/networkInterfaces/write",
+    "Microsoft.Network/networkInterfaces/delete",
+    "Microsoft.Network/networkInterfaces/join/action",
+    "Microsoft.Network/networkSecurityGroups/join/action",
+    "Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action",
+    "Microsoft.Network/virtualNetworks/subnets/join/action",
+    "Microsoft.Network/locations/operations/read",
+    "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action",
+]
+
+
+def head_identity_name(cluster: str) -> str:
+    return f"clusterbake-{cluster}-head"
+
+
+def _seed(subscription_id: str, resource_group: str, cluster: str) -> str:
+    return f"{subscription_id}/{resource_group}/{cluster}".lower()
+
+
+def role_id(subscription_id: str, resource_group: str, cluster: str) -> str:
+    return str(uuid.uuid5(NAMESPACE, _seed(subscription_id, resource_group, cluster) + "/power"))
+
+
+def role_name(subscription_id: str, resource_group: str, cluster: str) -> str:
+    digest = hashlib.sha256(_seed(subscription_id, resource_group, cluster).encode()).hexdigest()[:8]
+    return f"clusterbake-power-{cluster}-{digest}"
+
+
+def group_scope(resource_id: str) -> str:
+    """/subscriptions/<s>/resourceGroups/<g> of a resource id."""
+    return "/".join(resource_id.split("/")[:5])
+
+
+def scopes(subscription_id: str, resource_group: str, subnet_id: str, image: str) -> tuple[list[str], list[str]]:
+    """(assignable scopes of the role, scopes it is assigned at)."""
+    cluster_group = f"/subscriptions/{subscription_id}/resourceGroups/{resource_group}"
+    assigned = [cluster_group, subnet_id]
+    if image.startswith("/"):
+        assigned.append(image)
+    assignable = sorted({cluster_group.lower(): cluster_group, **{group_scope(s).lower(): group_scope(s) for s in
+                         assigned}}.values())  # fmt: skip
+    return assignable, assigned
+
+
+def ensure_role(authorization, subscription_id: str, resource_group: str, cluster: str, assignable: list[str]) -> str:
+    """The custom role (created, or its actions and scopes put right): its definition id."""
+    from azure.core.exceptions import HttpResponseError
+
+    guid = role_id(subscription_id, resource_group, cluster)
+    scope = f"/subscriptions/{subscription_id}"
+    wanted = {"actions": ACTIONS, "scopes": sorted(s.lower() for s in assignable)}
+    try:
+        found = authorization.role_definitions.get(scope, guid)
+    except HttpResponseError as exc:
+        if exc.status_code != 404:
+            raise
+        found = None
+    if found is not None:
+        have = {
+            "actions": [a for p in found.permissions or [] for a in p.actions or []],
+            "scopes": sorted(s.lower() for s in found.assignable_scopes or []),
+        }
+        if have == wanted:
+            return found.id
+    definition = authorization.role_definitions.create_or_update(
+        scope,
+        guid,
+        {
+            "properties": {
+                "roleName": role_name(subscription_id, resource_group, cluster),
+                "description": f"clusterbake: the head of cluster {cluster} powers its elastic nodes up and down",
+                "type": "CustomRole",
+                "permissions": [{"actions": ACTIONS, "notActions": []}],
+                "assignableScopes": assignable,
+            }
+        },
+    )
+    return definition.id
+
+
+def ensure_grants(authorization, subscription_id: str, principal_id: str, role: str, assigned: list[str]) -> int:
+    """The role for the head's identity at each scope; how many assignments this call made."""
+    guid = role.rsplit("/", 1)[-1]
+    return sum(rbac.ensure(authorization, subscription_id, scope, principal_id, guid) for scope in assigned)
+
+
+def delete_role(authorization, subscription_id: str, resource_group: str, cluster: str) -> list[str]:
+    from azure.core.exceptions import HttpResponseError
+
+    scope = f"/subscriptions/{subscription_id}"
+    guid = role_id(subscription_id, resource_group, cluster)
+    try:
+        authorization.role_definitions.get(scope, guid)
+    except HttpResponseError as exc:
+        if exc.status_code == 404:
+            return []
+        raise
+    authorization.role_definitions.delete(scope, guid)
+    return [f"role definition {role_name(subscription_id, resource_group, cluster)}"]
+
+
+def power_vars(*, config, head_client_id: str, name_placeholder: str, groups: dict) -> dict:
+    azure = config.azure
+    return {
+        "arm_endpoint": arm_endpoint(),
+        "subscription_id": azure.subscription_id,
+        "resource_group": azure.resource_group,
+        "cluster": config.cluster_name,
+        "identity_client_id": head_client_id,
+        "name_placeholder": name_placeholder,
+        "api_versions": API_VERSIONS,
+        "groups": groups,
+    }

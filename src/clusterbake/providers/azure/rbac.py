@@ -1,0 +1,73 @@
+"""Azure RBAC role assignments for the cluster's managed identities (azure-mgmt-authorization).
+
+Role assignments carry no tags: each one's name is a uuid5 of (scope, principal, role), so a
+re-run finds the one it made (and Azure's RoleAssignmentExists, 409, for the same grant under
+another name, is taken as done). They go before their principal does: `cluster down`
+deletes every assignment of the cluster's identities first (delete_all; Azure keeps the
+assignments of a deleted identity, as "Identity not found", until someone removes them).
+
+The roles (Microsoft's built-in role ids, "Azure built-in roles"):
+- Storage Blob Data Contributor / Reader: the nodes' identity on each blob container
+  blobfuse2 mounts (blobs.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from clusterbake.providers.azure.api import error_code
+
+BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
+NAMESPACE = uuid.UUID("3f0c2b9e-7a51-4d8e-b6f2-c1a9e4d07b35")
+
+
+def role_definition_id(subscription_id: str, role: str) -> str:
+    return f"/subscriptions/{subscription_id}/providers/Microsoft.Authorization/roleDefinitions/{role}"
+
+
+def assignment_name(scope: str, principal_id: str, role: str) -> str:
+    return str(uuid.uuid5(NAMESPACE, f"{scope.lower()}|{principal_id}|{role.lower()}"))
+
+
+def ensure(authorization, subscription_id: str, scope: str, principal_id: str, role: str) -> bool:
+    """`role` for the principal (a managed identity) at `scope`; True when this call created it."""
+    from azure.core.exceptions import HttpResponseError
+    from azure.mgmt.authorization.models import RoleAssignmentCreateParameters
+
+    name = assignment_name(scope, principal_id, role)
+    try:
+        authorization.role_assignments.get(scope, name)
+        return False
+    except HttpResponseError as exc:
+        if exc.status_code != 404:
+            raise
+    try:
+        authorization.role_assignments.create(
+            scope,
+            name,
+            RoleAssignmentCreateParameters(
+                role_definition_id=role_definition_id(subscription_id, role),
+                principal_id=principal_id,
+                # A new identity may not have replicated to Entra ID yet: the type spares Azure the lookup.
+                principal_type="ServicePrincipal",
+            ),
+        )
+    except HttpResponseError as exc:
+        if error_code(exc) == "RoleAssignmentExists":
+            return False
+        raise
+    return True
+
+
+def delete_all(authorization, subscription_id: str, principals: dict[str, str]) -> list[str]:
+    """Every role assignment of the principals (label -> principal id), anywhere in the subscription."""
+    removed = []
+    scope = f"/subscriptions/{subscription_id}"
+    for label, principal_id in sorted(principals.items()):
+        for assignment in authorization.role_assignments.list_for_scope(
+            scope, filter=f"principalId eq '{principal_id}'"
+        ):
+            authorization.role_assignments.delete_by_id(assignment.id)
+            removed.append(f"role assignment of {label} at {assignment.scope}")
+    return removed

@@ -1,0 +1,121 @@
+"""Monitoring on a real cluster (tests/integration/monitoring.yaml: a static and an elastic compute
+node): Prometheus on the head answering over HTTP, node exporter on every running node, the Slurm
+exporter's nodes, jobs and pending reasons, scrape targets from the plan with the powered-down node
+left out until it powers up, and `clusterbake report`'s PNG."""
+
+import json
+import re
+import urllib.parse
+import urllib.request
+
+import pytest
+from localtest import REPO, cb, on
+from polling import wait_for
+
+from clusterbake.config import MONITORING_PORTS, load_config
+from clusterbake.providers import get_provider
+
+pytestmark = pytest.mark.integration
+CONFIG = REPO / "tests" / "integration" / "monitoring.yaml"
+
+
+def mcb(*args, **kwargs):
+    return cb(*args, config=CONFIG, **kwargs)
+
+
+def head(command, **kwargs):
+    return on("head", command, config=CONFIG, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def monitored(image):
+    mcb("cluster", "up", timeout=600)
+    yield
+    mcb("cluster", "down", timeout=300)
+
+
+def api(path: str, **params) -> dict:
+    """Prometheus's HTTP API on the head's bridge address, straight from this host."""
+    address = get_provider(load_config(CONFIG)).addresses()["head"]
+    url = f"http://{address}:{MONITORING_PORTS['prometheus']}{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        answer = json.load(response)
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def value(expr: str) -> float | None:
+    result = api("/api/v1/query", query=expr)["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def node_targets() -> dict[str, str]:
+    targets = api("/api/v1/targets", state="active")["activeTargets"]
+    return {t["labels"]["node"]: t["health"] for t in targets if t["labels"]["job"] == "node"}
+
+
+def test_prometheus_answers_a_query_for_idle_nodes(monitored):
+    # The static node is idle; the elastic one is powered down, a state of its own.
+    def counts():
+        return {r["metric"]["state"]: float(r["value"][1]) for r in api("/api/v1/query", query="slurm_nodes")["result"]}
+
+    wait_for("one idle and one powered-down node", lambda: value('slurm_nodes{state="idle"}') == 1, 120, counts)
+    wait_for("one idle and one powered-down node", lambda: counts().get("powered_down") == 1, 120, counts)
+    assert counts()["idle"] == 1
+    assert value('slurm_node_state{node="cpu-1",state="idle"}') == 1
+    assert value("slurm_cpus_total") == 2 and value("slurm_exporter_up") == 1
+
+
+def test_every_running_node_exports_and_the_powered_down_one_is_no_target(monitored):
+    wait_for("head and cpu-1 scraped", lambda: node_targets() == {"head": "up", "cpu-1": "up"}, 90, node_targets)
+    targets = api("/api/v1/targets", state="active")["activeTargets"]
+    assert {t["labels"]["job"]: t["health"] for t in targets if t["labels"]["job"] in ("prometheus", "slurm")} == {
+        "prometheus": "up",
+        "slurm": "up",
+    }
+    for node in ("head", "cpu-1"):
+        assert on(node, "systemctl is-active prometheus-node-exporter", config=CONFIG).stdout.strip() == "active"
+    assert head("systemctl is-active prometheus clusterbake-slurm-exporter").stdout.split() == ["active", "active"]
+
+
+def test_jobs_by_state_and_user_and_pending_reasons(monitored):
+    job = head("cd /tmp && runuser -u researcher -- sbatch --parsable --hold -p cpu --wrap true").stdout.strip()
+    try:
+        wait_for("the held job in Prometheus", lambda: value('slurm_jobs{state="pending",user="researcher"}') == 1, 60)
+        assert value('slurm_jobs_pending{reason="JobHeldUser"}') == 1
+    finally:
+        head(f"scancel {job}")
+    wait_for("no pending job left", lambda: value('slurm_jobs{state="pending"}') is None, 60)
+
+
+def test_an_elastic_node_is_scraped_while_it_runs(monitored):
+    job = head("cd /tmp && runuser -u researcher -- sbatch --parsable -p burst --wrap 'sleep 300'").stdout.strip()
+    try:
+        wait_for("burst-1 scraped while it runs", lambda: node_targets().get("burst-1") == "up", 150, node_targets)
+        assert value('slurm_node_state{node="burst-1",state="allocated"}') == 1
+        assert value('up{job="node",node="burst-1"}') == 1
+    finally:
+        head(f"scancel {job}", check=False)
+
+
+def test_report_plots_nodes_jobs_and_utilisation(monitored, tmp_path):
+    out = tmp_path / "report"
+    result = mcb("report", "--since", "10m", "--out", str(out))
+    assert "nodes by state:" in result.stdout and re.search(r"\bidle now [12]\b", result.stdout), result.stdout
+    png = (out / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20000
+    data = json.loads((out / "report.json").read_text())
+    panels = {p["title"]: p["series"] for p in data["panels"]}
+    assert "idle" in panels["nodes by state"] and "powered_down" in panels["nodes by state"]
+    assert {"head", "cpu-1"} <= set(panels["CPU busy per node (node exporter)"])
+    assert (out / "report.txt").read_text().strip() == result.stdout.strip().split("\nwritten:")[0]
+
+
+def test_a_second_cluster_up_changes_nothing_and_restarts_no_exporter(monitored):
+    daemons = (
+        "pidof prometheus; pidof prometheus-node-exporter; systemctl show -p MainPID --value clusterbake-slurm-exporter"
+    )
+    before = head(daemons).stdout.split()
+    forced = mcb("cluster", "up", "--reconfigure", timeout=600)
+    assert ", 0 changed tasks" in forced.stdout, forced.stdout + forced.stderr
+    assert head(daemons).stdout.split() == before

@@ -1,0 +1,171 @@
+"""An Azure cluster end to end on the Azure twin (issue 10's "done when").
+
+`clusterbake twin up azure`, then examples/azure-twin.yaml as `ciaz`: the real CLI creates
+everything through the azure-mgmt SDK against the twin's ARM fake; the VMs boot as local
+nodes; Ansible configures only the head; the compute nodes read their join bundle from Key
+Vault with their managed identity and join by themselves; /home and /shared are NFS Azure
+file shares, /scratch an Azure Managed Lustre file system, /datasets and /results blob
+containers mounted with blobfuse2 and the nodes' identity (on the twin: host directories
+bound by its stand-ins, docs/twin.md). The tests run in order on one cluster; the last
+takes it down and checks that nothing is left in the fake subscription or on the host.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from azuretwintest import AzureTwin, Environ, azure_host_leftovers, azure_twin_environment
+from polling import wait_for
+from twintest import CB, REPO, Twin, run
+
+pytestmark = pytest.mark.integration
+CLUSTER = "ciaz"
+STORAGE = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) / "twins" / "azure" / "storage"
+
+
+@pytest.fixture(scope="module")
+def azure(tmp_path_factory):
+    twin = AzureTwin(azure_twin_environment())
+    yield twin
+    run([*CB, "twin", "down", "azure"], timeout=300)
+    assert azure_host_leftovers() == []
+
+
+@pytest.fixture(scope="module")
+def cluster(azure, tmp_path_factory):
+    """examples/azure-twin.yaml under the tests' own cluster name and resource group, up for the module."""
+    config = yaml.safe_load((REPO / "examples" / "azure-twin.yaml").read_text())
+    config["cluster_name"] = CLUSTER
+    config["azure"]["resource_group"] = f"{CLUSTER}-rg"
+    path = tmp_path_factory.mktemp("aztwin") / f"{CLUSTER}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cluster = Twin(azure.env, path, CLUSTER)
+    cluster.up = cluster.cb("cluster", "up", timeout=1200)
+    yield cluster
+    cluster.cb("cluster", "down", timeout=600)
+
+
+def _vm_id(azure: AzureTwin, node: str) -> str:
+    vm = azure.vm(f"{CLUSTER}-{node}")
+    assert vm is not None and vm["node"] == "running", vm
+    return vm["vm_id"]
+
+
+def test_compute_nodes_joined_by_themselves_from_key_vault(azure, cluster):
+    assert f"cluster {CLUSTER} is up: 2 compute nodes idle" in cluster.up.stdout + cluster.up.stderr
+    for name in ("cpu-1", "cpu-2"):
+        vm_id = _vm_id(azure, name)
+        logins = azure.inside(vm_id, "journalctl -u ssh --no-pager | grep -c 'Accepted publickey' || true")
+        assert logins.stdout.strip() == "0", f"{name}: something logged in over SSH during cluster up"
+        fetch = azure.inside(vm_id, "journalctl -u clusterbake-node-fetch --no-pager").stdout
+        assert "joined from secret join-cpu in https://" in fetch and ".vault.azure.net" in fetch, fetch[-2000:]
+    assert sorted(cluster.on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
+
+
+def test_home_and_shared_are_the_clusters_nfs_file_shares(azure, cluster):
+    accounts = [p for p in (STORAGE / "files").iterdir()] if (STORAGE / "files").is_dir() else []
+    assert len(accounts) == 1 and sorted(p.name for p in accounts[0].iterdir()) == ["home", "shared"]
+    account = accounts[0].name
+    for node in ("head", "cpu-1"):
+        units = cluster.on(
+            node, "grep -h -e ^What= -e ^Options= /etc/systemd/system/home.mount /etc/systemd/system/shared.mount"
+        )
+        assert units.stdout.split() == [
+            f"What={account}.file.core.windows.net:/{account}/home",
+            "Options=vers=4,minorversion=1,sec=sys,nconnect=4,hard,_netdev",
+            f"What={account}.file.core.windows.net:/{account}/shared",
+            "Options=vers=4,minorversion=1,sec=sys,nconnect=4,hard,_netdev",
+        ]
+        active = cluster.on(node, "systemctl is-active home.mount shared.mount")
+        assert active.stdout.split() == ["active", "active"]
+        assert cluster.on(node, "findmnt -n -o TARGET /home; findmnt -n -o TARGET /shared").stdout.split() == [
+            "/home",
+            "/shared",
+        ]
+    # The users' homes were made by the joins on the share itself: every node sees the same one.
+    assert (accounts[0] / "home" / "researcher").is_dir()
+
+
+def _twin_resources(azure: AzureTwin, kind: str) -> list[dict]:
+    """The cluster's resources of a type, as the ARM fake holds them."""
+    return [
+        r
+        for r in azure.arm_state()["resources"].values()
+        if r["type"] == kind and (r.get("tags") or {}).get("clusterbake-cluster") == CLUSTER
+    ]
+
+
+def test_scratch_is_the_managed_lustre_file_system(azure, cluster):
+    (fs,) = _twin_resources(azure, "Microsoft.StorageCache/amlFilesystems")
+    directory = STORAGE / "amlfs" / fs["name"].lower()
+    assert directory.is_dir()
+    for node in ("head", "cpu-1"):
+        unit = cluster.on(node, "cat /etc/systemd/system/scratch.mount").stdout
+        what = next(line for line in unit.splitlines() if line.startswith("What="))
+        assert what.endswith("@tcp:/lustrefs") and what.startswith("What=10.91.0.")
+        assert "Type=lustre\n" in unit and "Options=noatime,flock,_netdev\n" in unit
+        lnet = cluster.on(node, "grep -v '^#' /etc/modprobe.d/lnet.conf").stdout.strip()
+        assert lnet == 'options lnet networks="tcp(eth0)"'
+        assert cluster.on(node, "systemctl is-active scratch.mount").stdout.strip() == "active"
+    cluster.on("cpu-1", "echo from-cpu-1 > /scratch/hello")
+    assert cluster.on("head", "cat /scratch/hello").stdout.strip() == "from-cpu-1"
+    assert (directory / "hello").read_text().strip() == "from-cpu-1"
+
+
+def test_blob_containers_are_mounted_with_the_nodes_identity(azure, cluster):
+    (account,) = [a for a in _twin_resources(azure, "Microsoft.Storage/storageAccounts") if a["kind"] == "StorageV2"]
+    blobs = STORAGE / "blobs" / account["name"]
+    (blobs / "datasets" / "corpus.txt").write_text("tokens\n")
+    for node in ("head", "cpu-1", "cpu-2"):
+        active = cluster.on(
+            node, "systemctl is-active clusterbake-blobfuse2-datasets.service clusterbake-blobfuse2-results.service"
+        )
+        assert active.stdout.split() == ["active", "active"], node
+        config = cluster.on(node, "cat /etc/blobfuse2/datasets.yaml").stdout
+        assert "mode: msi" in config and f"account-name: {account['name']}" in config
+        journal = cluster.on(node, "journalctl -u clusterbake-blobfuse2-datasets --no-pager").stdout
+        assert f"{account['name']}/datasets mounted at /datasets (bind,ro)" in journal, journal[-2000:]
+        assert cluster.on(node, "cat /datasets/corpus.txt").stdout == "tokens\n"
+    # Storage Blob Data Reader on datasets: the mount is read-only; Contributor on results.
+    refused = cluster.on("cpu-1", "touch /datasets/x", check=False)
+    assert refused.returncode != 0 and "Read-only file system" in refused.stderr
+    cluster.on("cpu-2", "echo step12 > /results/metrics.txt")
+    assert (blobs / "results" / "metrics.txt").read_text() == "step12\n"
+
+
+def test_second_cluster_up_changes_nothing(azure, cluster):
+    before = {n: azure.vm(f"{CLUSTER}-{n}")["vm_id"] for n in ("head", "cpu-1", "cpu-2")}
+    result = cluster.cb("cluster", "up", timeout=900)
+    assert "0 changed tasks" in result.stdout, result.stdout + result.stderr[-3000:]
+    assert "creating" not in result.stderr
+    assert {n: azure.vm(f"{CLUSTER}-{n}")["vm_id"] for n in before} == before
+
+
+def test_deepspeed_trains_across_both_nodes_with_checkpoint_on_the_file_share(azure, cluster):
+    result = cluster.train_deepspeed("ciaz-ds")
+    assert "nodes: cpu-1, cpu-2 (world size 2)" in result.stdout, result.stdout[-3000:]
+    assert "transport: gloo over TCP on eth0 [fabric tcp]" in result.stdout
+    listing = cluster.on("head", "ls /shared/checkpoints/ciaz-ds && stat -c %U /shared/checkpoints/ciaz-ds")
+    assert "step12" in listing.stdout.split() and listing.stdout.split()[-1] == "researcher"
+    (share,) = [p for p in (STORAGE / "files").iterdir()]
+    assert (share / "shared" / "checkpoints" / "ciaz-ds" / "step12").is_dir()
+
+
+def test_cluster_down_leaves_nothing_in_the_subscription_or_on_the_host(azure, cluster):
+    cluster.cb("cluster", "down", timeout=600)
+    *_, resources = azure.clients()
+    with Environ(azure.env):
+        tagged = list(resources.resources.list(filter=f"tagName eq 'clusterbake-cluster' and tagValue eq '{CLUSTER}'"))
+        groups = [g.name for g in resources.resource_groups.list()]
+    assert tagged == []
+    assert f"{CLUSTER}-rg" not in groups
+    wait_for("the cluster's VMs gone from the twin", lambda: azure.control("GET", "/status")["vms"] == [], 30)
+    wait_for("the cluster's nodes gone", lambda: "cb-twin-azure-" not in run(["ip", "netns", "list"]).stdout, 30)
+    wait_for("the file shares' directories gone", lambda: not any((STORAGE / "files").glob("*")), 30)
+    wait_for("the Lustre and blob directories gone", lambda: not any(STORAGE.glob("[ab]*/*")), 30)
+    # The nodes' identity went with its role assignments (Azure would keep them as "Identity not found").
+    left = azure.arm_state()["role_assignments"]
+    assert left == {}, left

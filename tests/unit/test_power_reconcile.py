@@ -1,0 +1,115 @@
+"""The head's reconcile loop (roles/slurm_power/files/clusterbake-power) with lost static nodes:
+DOWN at once so Slurm requeues their jobs, started again, retried after the cool-down, and
+nodes a person took out left alone. Slurm's answers are recorded sinfo lines; the power backend
+is a recorder of the calls the program makes to the provider (local agent or EC2), whose own
+tests are tests/aws/test_power_backend.py and tests/integration/test_faults.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import programs
+import pytest
+
+PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_power" / "files" / "clusterbake-power"
+
+
+class Recorder:
+    def __init__(self, running: set[str], fail: set[str] = frozenset()):
+        self._running = running
+        self.fail = fail
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def running(self) -> set[str]:
+        return set(self._running)
+
+    def power(self, action: str, nodes: list[str]) -> dict[str, str]:
+        self.calls.append((action, nodes))
+        return {n: ("InsufficientInstanceCapacity: none left" if n in self.fail else "ok") for n in nodes}
+
+
+@pytest.fixture
+def program(tmp_path, monkeypatch):
+    module = programs.load_program("clusterbake_power_reconcile", PROGRAM)
+    monkeypatch.setattr(module, "STATE", tmp_path / "state.json")
+    updates: list[tuple[str, ...]] = []
+    monkeypatch.setattr(module, "scontrol", lambda *args: updates.append(args) or "")
+    module.updates = updates
+    module.config = {
+        "static_nodes": ["cpu-1", "cpu-2", "cpu-3"],
+        "elastic_nodes": [],
+        "replace_lost_nodes": True,
+        "failed_node_cooldown": 300,
+        "log": str(tmp_path / "power.log"),
+    }
+    return module
+
+
+def states(**by_node: tuple[str, str]) -> dict[str, dict]:
+    return {name.replace("_", "-"): {"state": s, "reason": r, "since": ""} for name, (s, r) in by_node.items()}
+
+
+def test_a_lost_node_is_set_down_and_started_again(program):
+    power = Recorder(running={"cpu-1", "cpu-3"})
+    slurm = states(cpu_1=("idle", "none"), cpu_2=("allocated", "none"), cpu_3=("mixed", "none"))
+    lost = program.replace_lost_nodes(program.config, slurm, power, power.running(), {}, now=1000.0)
+    assert program.updates == [
+        (
+            "update",
+            "NodeName=cpu-2",
+            "State=DOWN",
+            "Reason=clusterbake: node lost: its machine is not running; its jobs are requeued, it is started again",
+        ),
+        ("update", "NodeName=cpu-2", "State=RESUME"),
+    ]
+    assert power.calls == [("start", ["cpu-2"])]
+    assert lost == {"cpu-2": 1000.0}
+
+
+def test_a_failed_start_is_retried_after_the_cooldown_only(program):
+    power = Recorder(running=set(), fail={"cpu-2"})
+    down = ("down*", "clusterbake: node lost: its machine is not running; ...")
+    slurm = states(cpu_2=down)
+    program.config["static_nodes"] = ["cpu-2"]
+    first = program.replace_lost_nodes(program.config, slurm, power, set(), {}, now=1000.0)
+    soon = program.replace_lost_nodes(program.config, slurm, power, set(), first, now=1100.0)
+    later = program.replace_lost_nodes(program.config, slurm, power, set(), soon, now=1301.0)
+    assert power.calls == [("start", ["cpu-2"]), ("start", ["cpu-2"])]
+    assert (first, soon, later) == ({"cpu-2": 1000.0}, {"cpu-2": 1000.0}, {"cpu-2": 1301.0})
+    assert program.updates == []  # DOWN with our reason already: not set again; not started: no RESUME
+    assert (
+        "reconcile: cpu-2 lost: start failed: InsufficientInstanceCapacity: none left (retried in 300 s)"
+        in Path(program.config["log"]).read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    "taken_out",
+    [("down", "stopped by clusterbake node stop"), ("drained", "disk swap on Monday"), ("down", "cable cut")],
+)
+def test_a_node_taken_out_by_someone_else_is_left_alone(program, taken_out):
+    power = Recorder(running={"cpu-1", "cpu-3"})
+    slurm = states(cpu_1=("idle", "none"), cpu_2=taken_out, cpu_3=("idle", "none"))
+    assert program.replace_lost_nodes(program.config, slurm, power, power.running(), {}, now=1.0) == {}
+    assert (power.calls, program.updates) == ([], [])
+
+
+def test_a_node_back_up_is_forgotten_and_recovery_can_be_off(program):
+    power = Recorder(running={"cpu-1", "cpu-2", "cpu-3"})
+    slurm = states(cpu_1=("idle", "none"), cpu_2=("idle", "none"), cpu_3=("idle", "none"))
+    assert program.replace_lost_nodes(program.config, slurm, power, power.running(), {"cpu-2": 5.0}, now=9.0) == {}
+    off = {**program.config, "replace_lost_nodes": False}
+    assert program.replace_lost_nodes(off, states(cpu_2=("allocated", "none")), power, set(), {}, now=9.0) == {}
+    assert (power.calls, program.updates) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "before", [("down*", "Not responding"), ("drained*", "clusterbake: spot reclaim at 2026-12-01T21:40:00Z (EC2)")]
+)
+def test_a_node_slurm_gave_up_on_or_clusterbake_drained_is_replaced(program, before):
+    power = Recorder(running={"cpu-1", "cpu-3"})
+    slurm = states(cpu_1=("idle", "none"), cpu_2=before, cpu_3=("idle", "none"))
+    assert program.replace_lost_nodes(program.config, slurm, power, power.running(), {}, now=7.0) == {"cpu-2": 7.0}
+    assert power.calls == [("start", ["cpu-2"])]
+    assert program.updates[-1] == ("update", "NodeName=cpu-2", "State=RESUME")
