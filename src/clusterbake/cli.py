@@ -397,6 +397,8 @@ def cmd_twin(args: argparse.Namespace) -> int:
             f'    use it: eval "$(clusterbake twin up {args.cloud})" (prints the lines above), '
             "then any clusterbake command"
         )
+    elif args.twin_command == "image":
+        print(control.node_image(_load(args), state))
     elif args.twin_command == "status":
         print(json.dumps(control.status(state), indent=2))
     else:
@@ -497,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     ).add_subparsers(dest="twin_command", required=True)
     for name, text in (
         ("up", "start it (builds its node image first); prints the environment that points the SDK at it"),
+        ("image", "only build (or find) its node image, as `up` does first; prints the image's directory"),
         ("status", "the twin's endpoint, ids and instances (JSON)"),
         ("down", "stop it: every node, namespace, the bridge and its state go"),
     ):

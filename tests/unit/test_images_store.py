@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -222,3 +225,40 @@ def test_bad_azure_records(tmp_path, record, error):
         find_azure_image(azure_config(), state)
     with pytest.raises(ValueError, match="not a managed image"):
         write_azure_record(state, "ami-0123456789abcdef0", "eastus")
+
+
+def test_a_second_image_build_waits_for_the_first_and_says_so(tmp_path, capsys):
+    """Builds share the debootstrap and wheelhouse caches and the index: one at a time per store
+    (another `make image`, or a twin building its node image while the suite builds its own)."""
+    store = ImageStore(StateDir(tmp_path))
+    store.dir.mkdir(parents=True)
+    # Another process holds the lock (as a build in progress does) until told to let go.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+            str(store.dir / ".build.lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    order = []
+
+    def build():
+        with store.build_lock():
+            order.append("second build")
+
+    waiter = threading.Thread(target=build)
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive() and order == []  # still waiting while the first holds the lock
+    order.append("first done")
+    holder.stdin.close()  # the first build ends: its lock goes with its process
+    holder.wait(timeout=10)
+    waiter.join(timeout=10)
+    assert order == ["first done", "second build"]
+    assert "another image build holds" in capsys.readouterr().err

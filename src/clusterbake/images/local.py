@@ -165,10 +165,16 @@ def build_image(config: ClusterConfig, state: StateDir, force: bool = False) -> 
     """Bake the local image (or reuse the one of the same inputs unless force); its directory."""
     store = ImageStore(state)
     digest = local_inputs_digest(config)
-    existing = store.lookup(digest)
-    if existing and not force:
-        say(f"==> image {existing.name} is up to date (inputs {digest}); FORCE=1 rebuilds")
-        return existing
+    with store.build_lock():
+        existing = store.lookup(digest)
+        if existing and not force:
+            say(f"==> image {existing.name} is up to date (inputs {digest}); FORCE=1 rebuilds")
+            return existing
+        return _bake(config, state, store, digest)
+
+
+def _bake(config: ClusterConfig, state: StateDir, store: ImageStore, digest: str) -> Path:
+    """Build a new image for these inputs (the caller holds the store's build lock)."""
     name = image_name(config)
     log_dir = state.root / "logs"
     log_file = log_dir / f"image-{name}.log"

@@ -16,9 +16,12 @@ write here; the providers only read (`find_local_image`, `find_aws_image`,
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +96,23 @@ class ImageStore:
                     continue
             return path.parent
         return None
+
+    @contextmanager
+    def build_lock(self) -> Iterator[None]:
+        """One local image build at a time per state directory: builds share the debootstrap and
+        wheelhouse caches and this index. A second build waits here (and says so), then finds
+        the image the first one made when their inputs match."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                say(f"    another image build holds {self.dir / '.build.lock'}; waiting for it")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
 
     def record(self, digest: str, name: str) -> None:
         index = self.index()

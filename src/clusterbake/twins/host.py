@@ -18,6 +18,7 @@ from clusterbake.config import ClusterConfig
 from clusterbake.errors import ClusterbakeError
 from clusterbake.nspawn import machines, network
 from clusterbake.progress import phase
+from clusterbake.state import StateDir
 
 
 def read_info(path: Path) -> dict | None:
@@ -150,6 +151,14 @@ def take_down(
     with contextlib.suppress(OSError):  # other twins' directories are still there
         directory.parent.rmdir()
     return removed
+
+
+def node_image(config: ClusterConfig, state: StateDir, features: list[str]) -> Path:
+    """The twin's node image, built or found in the store for the same inputs (`twin image`, and
+    the first step of `twin up`)."""
+    from clusterbake.images.local import build_image  # only a build needs the builder's imports
+
+    return build_image(image_config(config, features), state)
 
 
 def image_config(base: ClusterConfig, features: list[str]) -> ClusterConfig:

@@ -61,6 +61,10 @@ def _service_namespace() -> None:
     host.ensure_service_namespace(TWIN_NETWORK, SERVICE_NETNS, (METADATA_ADDRESS,), VPC_CIDR)
 
 
+def node_image(config: ClusterConfig, state: StateDir) -> Path:
+    return host.node_image(config, state, IMAGE_FEATURES)
+
+
 def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
     if os.geteuid() != 0:
         raise ClusterbakeError("the EC2 twin boots nodes (systemd-nspawn, network namespaces): run it as root")
@@ -69,9 +73,7 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
     if info:
         say(f"==> the EC2 twin already runs (pid {info['pid']})")
         return environment(state, info)
-    from clusterbake.images.local import build_image
-
-    image = build_image(host.image_config(config, IMAGE_FEATURES), state)
+    image = node_image(config, state)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with phase("EC2 twin: bridge and metadata namespace"):
         network.ensure_bridge(TWIN_NETWORK, VPC_CIDR)

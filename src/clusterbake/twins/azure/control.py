@@ -56,6 +56,10 @@ def read_info(state: StateDir) -> dict | None:
     return host.read_info(twin_dir(state) / "twin.json")
 
 
+def node_image(config: ClusterConfig, state: StateDir) -> Path:
+    return host.node_image(config, state, IMAGE_FEATURES)
+
+
 def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
     if os.geteuid() != 0:
         raise ClusterbakeError("the Azure twin boots nodes (systemd-nspawn, network namespaces): run it as root")
@@ -67,9 +71,7 @@ def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
     if directory.exists():
         say("    cleaning up after an Azure twin that is not running")
         down(state)
-    from clusterbake.images.local import build_image
-
-    image = build_image(host.image_config(config, IMAGE_FEATURES), state)
+    image = node_image(config, state)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with phase("Azure twin: bridge, IMDS and DNS namespace"):
         network.ensure_bridge(TWIN_NETWORK, VNET_CIDR)
