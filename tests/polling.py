@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 import time
+from collections.abc import Callable
 
 
 def wait_for(what, predicate, timeout, describe=None, interval=1.0):
@@ -27,3 +29,20 @@ def poll(predicate, timeout=90.0, interval=0.5):
             return value
         time.sleep(interval)
     return predicate()
+
+
+def submit_and_time_the_start(on_head: Callable[[str, float], str], options: str, command: str) -> tuple[str, float]:
+    """sbatch on the head, then wait there until the job runs: (job id, seconds from sbatch to RUNNING).
+
+    `on_head(script, timeout)` runs a shell script on the head and returns its stdout. Timed on the
+    head (no SSH round trips in the figure). The job keeps running after that (`command` ends with
+    a sleep), so its nodes' machines can be looked at while they run it."""
+    script = (
+        f"t0=$(date +%s%N); id=$(sbatch --parsable {options} --wrap {shlex.quote(command)}); "
+        'while [ "$(squeue -h -j $id -o %T)" != RUNNING ]; do '
+        '[ -z "$(squeue -h -j $id -o %T)" ] && break; sleep 0.2; done; '
+        'echo $id $(( ($(date +%s%N) - t0) / 1000000 )) "$(squeue -h -j $id -o %T)"'
+    )
+    job, millis, state = on_head(script, 400).split()
+    assert state == "RUNNING", f"job {job}: {state}"
+    return job, int(millis) / 1000

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import boto3
+import polling
 import yaml
 from polling import wait_for
 
@@ -189,19 +190,10 @@ def slurm_states(cluster: Twin) -> dict[str, str]:
 
 
 def submit_and_time_the_start(cluster: Twin, options: str, command: str) -> tuple[str, float]:
-    """sbatch on the head, then wait there until the job runs: (job id, seconds from sbatch to RUNNING).
-
-    Timed on the head (no SSH round trips in the figure). The job keeps running after that
-    (`command` ends with a sleep), so its nodes' machines can be looked at."""
-    script = (
-        f"t0=$(date +%s%N); id=$(sbatch --parsable {options} --wrap {shlex.quote(command)}); "
-        'while [ "$(squeue -h -j $id -o %T)" != RUNNING ]; do '
-        '[ -z "$(squeue -h -j $id -o %T)" ] && break; sleep 0.2; done; '
-        'echo $id $(( ($(date +%s%N) - t0) / 1000000 )) "$(squeue -h -j $id -o %T)"'
+    """polling.submit_and_time_the_start on the twin cluster's head."""
+    return polling.submit_and_time_the_start(
+        lambda script, timeout: cluster.on("head", script, timeout=timeout).stdout, options, command
     )
-    job, millis, state = cluster.on("head", script, timeout=400).stdout.split()
-    assert state == "RUNNING", f"job {job}: {state}"
-    return job, int(millis) / 1000
 
 
 def wait_done(cluster: Twin, job: str, timeout: float = 120) -> None:
