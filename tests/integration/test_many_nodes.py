@@ -15,7 +15,8 @@ from localtest import CONFIG, cb
 
 from clusterbake.nspawn import machines
 
-pytestmark = pytest.mark.integration
+# Alone: the inotify limit at Debian's default would also hold back other tests' nodes booting meanwhile.
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 INOTIFY = Path("/proc/sys/fs/inotify/max_user_instances")
 DEBIAN_DEFAULT = 128
 
