@@ -72,32 +72,26 @@ lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
 	packer fmt -check packer
 	scripts/packer-validate
 
-# Tests that need no node run on every core (pytest-xdist, one worker per test file), while the
-# images the node tests boot (the suite's, the EC2 and Azure twins') build, one after the other
-# (the image store takes one build at a time). Then the node tests in two lanes: the twins' tests
-# (their own bridges, subnets and images) alongside the local provider's, each lane one module at
-# a time; their output is shown when they end. Tests marked `alone` change host-wide settings and
-# run last, by themselves.
+# Tests that need no node run on every core (pytest-xdist, one worker per test file); the ones
+# that boot nodes share the host's bridges and images, so they run one at a time, after them.
+# The images the node tests boot (the suite's, the EC2 and Azure twins') build meanwhile, one
+# after the other (the image store takes one build at a time); the node tests find them built.
 OFFLINE_TESTS := tests/unit tests/aws tests/azure
-TEST_LOGS := build
+NODE_TESTS := tests/integration tests/twin
+TEST_IMAGES_LOG := build/test-images.log
 TEST_IMAGES := $(VENV)/bin/clusterbake --config tests/integration/cluster.yaml image build \
 	&& $(VENV)/bin/clusterbake twin image aws && $(VENV)/bin/clusterbake twin image azure
 
 test: deps venv ## Unit and integration tests (builds the images they boot alongside the node-less tests)
-	@mkdir -p $(TEST_LOGS)
+	@mkdir -p build
 	status=0; \
-	echo "==> the node tests' images build in the background; log: $(TEST_LOGS)/test-images.log"; \
-	( $(TEST_IMAGES) ) >$(TEST_LOGS)/test-images.log 2>&1 & images=$$!; \
+	echo "==> the node tests' images build in the background; log: $(TEST_IMAGES_LOG)"; \
+	( $(TEST_IMAGES) ) >$(TEST_IMAGES_LOG) 2>&1 & images=$$!; \
 	$(VENV)/bin/pytest -v -n auto --dist loadfile --durations=20 $(OFFLINE_TESTS) || status=$$?; \
 	if wait $$images; then echo "==> the node tests' images are built"; \
-	else echo "==> an image build failed (the node tests will say which); end of $(TEST_LOGS)/test-images.log:"; \
-	  tail -n 40 $(TEST_LOGS)/test-images.log; fi; \
-	echo "==> the twin tests run alongside the local node tests; log: $(TEST_LOGS)/twin-tests.log (shown below)"; \
-	$(VENV)/bin/pytest -v --durations=20 tests/twin >$(TEST_LOGS)/twin-tests.log 2>&1 & twins=$$!; \
-	$(VENV)/bin/pytest -v --durations=20 -m "not alone" tests/integration || status=$$?; \
-	wait $$twins || status=$$?; \
-	echo "==> the twin tests ($(TEST_LOGS)/twin-tests.log):"; cat $(TEST_LOGS)/twin-tests.log; \
-	$(VENV)/bin/pytest -v -m alone tests/integration || status=$$?; \
+	else echo "==> an image build failed (the node tests will say which); end of $(TEST_IMAGES_LOG):"; \
+	  tail -n 40 $(TEST_IMAGES_LOG); fi; \
+	$(VENV)/bin/pytest -v --durations=30 $(NODE_TESTS) || status=$$?; \
 	exit $$status
 
 test-unit: venv ## Unit tests only (no root, no nodes)

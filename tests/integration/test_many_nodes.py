@@ -15,8 +15,7 @@ from localtest import CONFIG, cb
 
 from clusterbake.nspawn import machines
 
-# Alone: the inotify limit at Debian's default would also hold back other tests' nodes booting meanwhile.
-pytestmark = [pytest.mark.integration, pytest.mark.alone]
+pytestmark = pytest.mark.integration
 INOTIFY = Path("/proc/sys/fs/inotify/max_user_instances")
 DEBIAN_DEFAULT = 128
 
