@@ -10,7 +10,7 @@ from pathlib import Path
 from clusterbake import applied, remote
 from clusterbake.ansible import ansible_env, run_playbook
 from clusterbake.config import ClusterConfig, check_accounting_files, extra_ca_files
-from clusterbake.errors import ClusterbakeError
+from clusterbake.errors import ClusterbakeError, NodesDidNotBoot
 from clusterbake.paths import repo_root
 from clusterbake.progress import phase, say
 from clusterbake.providers import get_provider
@@ -39,13 +39,34 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
         try:
             provider.provision(image)
         except BaseException:
-            if created and provider.destroy_after_failed_first_provision:
-                say("    provisioning failed: removing what this run created")
-                provider.rollback()
+            _roll_back_if_created(provider, created)
             raise
     summary["nodes"] = len(provider.nodes)
     if provision_only:
         return summary
+    try:
+        summary.update(_configure(config, config_path, provider, state, reconfigure))
+    except NodesDidNotBoot:  # the local provider's compute nodes boot on while the head is configured
+        _roll_back_if_created(provider, created)
+        raise
+    with phase("wait for compute nodes to be idle in Slurm"):
+        states = wait_idle(provider)
+        say("    " + ", ".join(f"{n}={s}" for n, s in sorted(states.items())))
+    summary["slurm"] = states
+    return summary
+
+
+def _roll_back_if_created(provider: Provider, created: bool) -> None:
+    if created and provider.destroy_after_failed_first_provision:
+        say("    provisioning failed: removing what this run created")
+        provider.rollback()
+
+
+def _configure(
+    config: ClusterConfig, config_path: Path, provider: Provider, state: StateDir, reconfigure: bool
+) -> dict:
+    """ansible/cluster.yml on the head (skipped when nothing changed since it last ran), then the
+    join bundles to the nodes; {"changed": tasks changed, "played": whether the play ran}."""
     provider.wait_ready()
     log_file = provider.cluster.logs / f"cluster-up-{_stamp()}.log"
     with phase("configure (ansible/cluster.yml)"):
@@ -75,13 +96,7 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
             say(f"    {result.ok} ok, {result.changed} changed on {len(result.recap)} nodes")
             changed = result.changed
         finish_configure(provider, inputs if needed else None)
-    summary["changed"] = changed
-    summary["played"] = needed
-    with phase("wait for compute nodes to be idle in Slurm"):
-        states = wait_idle(provider)
-        say("    " + ", ".join(f"{n}={s}" for n, s in sorted(states.items())))
-    summary["slurm"] = states
-    return summary
+    return {"changed": changed, "played": needed}
 
 
 def finish_configure(provider: Provider, inputs: str | None) -> list[str]:

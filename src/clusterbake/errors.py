@@ -15,6 +15,11 @@ class ConfigError(ClusterbakeError):
     exit_code = 2
 
 
+class NodesDidNotBoot(ClusterbakeError):
+    """Nodes a `cluster up` started did not come up: part of provisioning, whenever it is found
+    (the first `cluster up` of a cluster then removes what it created)."""
+
+
 class MissingImageError(ClusterbakeError):
     exit_code = 3
 

@@ -101,12 +101,16 @@ def build_inventory(
     # The compute play renders each node group's join bundle. Self-joining nodes take it
     # from the controller (Ansible never connects to them), so one host per group is
     # enough: Ansible's cost then stays flat however many nodes a group has.
+    # ansible/cluster.yml renders self-joining groups' bundles in the head's play (join_with_head);
+    # nodes Ansible joins start slurmd, so they wait for the controller (join_after_controller).
     if (extra_vars or {}).get("node_join_self_join"):
         groups["join_bundle_hosts"] = [
             hosts[0] for name, hosts in groups.items() if name.startswith("nodegroup_") and hosts
         ]
+        groups["join_with_head"], groups["join_after_controller"] = list(groups["join_bundle_hosts"]), []
     else:
         groups["join_bundle_hosts"] = list(groups["slurm_compute"])
+        groups["join_with_head"], groups["join_after_controller"] = [], list(groups["join_bundle_hosts"])
     inventory: dict = {name: {"hosts": hosts} for name, hosts in groups.items()}
     inventory["all"] = {
         "children": sorted([*groups, "ungrouped"]),

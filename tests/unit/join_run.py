@@ -44,6 +44,7 @@ def play(tmp: Path, hosts: dict[str, dict], groups: dict[str, list[str]], variab
     (tmp / "munge.key").write_bytes(secrets.token_bytes(32))
     password = secrets.token_urlsafe(32)
     (tmp / "slurmdbd.password").write_text(password)
+    (tmp / "power.token").write_text(secrets.token_urlsafe(32))
     fake = tmp / "fake-join"
     fake.write_text(FAKE_JOIN.format(python=sys.executable))
     fake.chmod(0o755)
@@ -56,6 +57,8 @@ def play(tmp: Path, hosts: dict[str, dict], groups: dict[str, list[str]], variab
                 "clusterbake_storage": [{"name": "shared", "mount_point": "/shared", "type": "hostdir"}],
                 "munge_key_file": str(tmp / "munge.key"),
                 "slurm_accounting_local_password_file": str(tmp / "slurmdbd.password"),
+                "slurm_power_token_controller_file": str(tmp / "power.token"),
+                "slurm_power_agent_url": "http://10.0.1.1:6820",
                 "node_join_program": str(fake),
                 "node_join_bundle_path": str(tmp / "bundles") + "/{{ inventory_hostname }}.json",
                 **variables,

@@ -56,8 +56,13 @@ def test_one_host_per_node_group_renders_the_bundles_of_self_joining_nodes():
     addresses = assign_addresses([n.name for n in nodes], address_pool("10.77.0.0/24", skip_first=9), {}, "x")
     joined_by_ansible = build_inventory(CONFIG, nodes, addresses)
     assert joined_by_ansible["join_bundle_hosts"]["hosts"] == ["cpu-1", "cpu-2", "gpu-h100-1"]
+    # Joined by Ansible: slurmd starts in the join, so after the controller's play.
+    assert joined_by_ansible["join_with_head"]["hosts"] == []
+    assert joined_by_ansible["join_after_controller"]["hosts"] == ["cpu-1", "cpu-2", "gpu-h100-1"]
     self_joining = build_inventory(CONFIG, nodes, addresses, extra_vars={"node_join_self_join": True})
     assert self_joining["join_bundle_hosts"]["hosts"] == ["cpu-1", "gpu-h100-1"]
+    assert self_joining["join_with_head"]["hosts"] == ["cpu-1", "gpu-h100-1"]
+    assert self_joining["join_after_controller"]["hosts"] == []
     assert self_joining["slurm_compute"]["hosts"] == ["cpu-1", "cpu-2", "gpu-h100-1"]
 
 

@@ -40,3 +40,59 @@ def test_a_compute_bundle_renders_the_same_in_every_process(tmp_path, monkeypatc
     # Byte for byte, but for the munge key: join_run makes a new one for each play.
     first, second = ({**b, "files": [f for f in b["files"] if f["path"] != "/etc/munge/munge.key"]} for b in bundles)
     assert first == second
+
+
+POWER_FILES = {
+    "/etc/clusterbake/power.json",
+    "/etc/clusterbake/power.token",
+    "/etc/systemd/system/clusterbake-power-reconcile.timer.d/interval.conf",
+}
+
+
+def test_the_head_bundle_carries_the_power_program_settings(tmp_path):
+    """Role slurm_power's files come with the head's join bundle (no task each): the settings and the
+    agent's token readable by the Slurm user only, the reconcile interval as a timer drop-in."""
+    hosts = {**HOSTS, "burst-1": host("10.0.1.12", "burst", clusterbake_elastic=True)}
+    hosts["cpu-1"] = {**hosts["cpu-1"], "clusterbake_elastic": False}
+    groups = {"slurm_head": ["head"], "slurm_compute": ["cpu-1", "burst-1"]}
+    result = play(tmp_path, hosts, groups, {**VARIABLES, "clusterbake_recovery": {"reconcile_interval": 7}})
+    head = files(result["bundles"]["head"])
+    assert set(head) >= POWER_FILES
+    settings = head["/etc/clusterbake/power.json"]
+    assert (settings["mode"], settings["owner"], settings["group"]) == ("0640", "root", "slurm")
+    power = json.loads(settings["text"])
+    assert (power["elastic_nodes"], power["static_nodes"]) == (["burst-1"], ["cpu-1"])
+    assert power["agent"] == "http://10.0.1.1:6820" and power["token_file"] == "/etc/clusterbake/power.token"
+    token = head["/etc/clusterbake/power.token"]
+    assert token["text"] == (tmp_path / "power.token").read_text() and token["mode"] == "0640"
+    assert "OnUnitActiveSec=7s" in head["/etc/systemd/system/clusterbake-power-reconcile.timer.d/interval.conf"]["text"]
+    # Never in a compute node's bundle (the token is the head's).
+    for name in ("cpu-1", "burst-1"):
+        assert not POWER_FILES & set(files(result["bundles"][name]))
+
+
+def test_nothing_to_reconcile_gives_the_head_only_the_interval(tmp_path):
+    hosts = {**HOSTS, "cpu-1": {**HOSTS["cpu-1"], "clusterbake_elastic": False}}
+    variables = {**VARIABLES, "clusterbake_recovery": {"replace_lost_nodes": False}}
+    head = files(play(tmp_path, hosts, GROUPS, variables)["bundles"]["head"])
+    assert POWER_FILES & set(head) == {"/etc/systemd/system/clusterbake-power-reconcile.timer.d/interval.conf"}
+
+
+def test_in_one_play_the_head_gets_no_compute_part(tmp_path):
+    """ansible/cluster.yml joins the head and renders the compute bundles in one play: a compute-only
+    part (configless slurmd, health checks, notice agent) must not reach the head's bundle, as a
+    run_once fact would (it is set on every host of the play)."""
+    bundles = play(tmp_path, HOSTS, GROUPS, VARIABLES)["bundles"]
+    compute_only_files = {
+        "/etc/default/slurmd",
+        "/etc/clusterbake/slurmd-restart.digest",
+        "/etc/clusterbake/health.json",
+        "/etc/clusterbake/notice.json",
+    }
+    compute_only_services = {"slurmd", "clusterbake-health.timer", "clusterbake-notice-agent"}
+    assert compute_only_files <= set(files(bundles["cpu-1"]))
+    assert compute_only_services <= set(bundles["cpu-1"]["services"])
+    assert not compute_only_files & set(files(bundles["head"]))
+    assert not compute_only_services & set(bundles["head"]["services"])
+    # The parts both have are the same (run_once parts, rendered once for the play).
+    assert files(bundles["head"])["/etc/hosts"] == files(bundles["cpu-1"])["/etc/hosts"]

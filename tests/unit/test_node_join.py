@@ -170,16 +170,21 @@ def test_apply_mounts_before_it_creates_users(root):
 
 FAKE_SYSTEMCTL = """#!/bin/sh
 # A systemd stand-in: units are active/enabled when a file of their name exists.
-echo "systemctl $*" >> "$FAKE_SYSTEMD/log"
-[ "$2" = "--quiet" ] && unit=$3 || unit=$2
-case "$1" in
-  daemon-reload) ;;
-  is-active) [ -e "$FAKE_SYSTEMD/active/$unit" ] ;;
-  is-enabled) [ -e "$FAKE_SYSTEMD/enabled/$unit" ] ;;
-  enable) touch "$FAKE_SYSTEMD/enabled/$unit" ;;
-  start) touch "$FAKE_SYSTEMD/active/$unit" ;;
-  *) exit 3 ;;
-esac
+# A call that skips the SysV helpers (SYSTEMCTL_SKIP_SYSV, as systemctl reads it) is logged so.
+echo "${SYSTEMCTL_SKIP_SYSV:+SYSTEMCTL_SKIP_SYSV=$SYSTEMCTL_SKIP_SYSV }systemctl $*" >> "$FAKE_SYSTEMD/log"
+verb=$1; shift
+units=""
+for arg in "$@"; do case "$arg" in --*) ;; *) units="$units $arg" ;; esac; done
+for unit in $units; do
+  case "$verb" in
+    is-active) [ -e "$FAKE_SYSTEMD/active/$unit" ] || exit 3 ;;
+    is-enabled) [ -e "$FAKE_SYSTEMD/enabled/$unit" ] || exit 1 ;;
+    enable) touch "$FAKE_SYSTEMD/enabled/$unit" ;;
+    start|restart) touch "$FAKE_SYSTEMD/active/$unit" ;;
+    *) exit 3 ;;
+  esac
+done
+[ "$verb" = daemon-reload ] || [ -n "$units" ] || exit 3
 """
 FAKE_UMOUNT = """#!/bin/sh
 # Fails like umount on a busy file system (EBUSY, status 32) when told to.
@@ -325,3 +330,28 @@ def test_a_file_among_the_mounts_is_written_before_any_unit_starts(root, systemd
     calls = systemd()
     assert calls[0] == "systemctl daemon-reload"  # both files are written before anything is started
     assert not any("lnet" in call for call in calls)  # a plain file: no unit of its name is enabled or started
+
+
+def test_services_are_enabled_in_one_call_without_a_daemon_reload(root, systemd):
+    """Each `systemctl enable` reloads systemd (and once more per SysV script, through update-rc.d):
+    a join enables its services in one call that reloads nothing, then starts those not running."""
+    (systemd.state / "enabled" / "munge").touch()
+    (systemd.state / "active" / "munge").touch()
+    node = program.Node(root, boot=False)
+    node.live = True
+    node.services(["munge", "slurmd", "clusterbake-health.timer"])
+    assert node.changed == [
+        "enabled slurmd",
+        "enabled clusterbake-health.timer",
+        "started slurmd",
+        "started clusterbake-health.timer",
+    ]
+    calls = systemd()
+    assert "SYSTEMCTL_SKIP_SYSV=1 systemctl enable --quiet --no-reload slurmd clusterbake-health.timer" in calls
+    assert not [c for c in calls if "daemon-reload" in c or (" enable " in c and "--no-reload" not in c)]
+    # Enabled and running: a second join changes nothing and calls no enable or start.
+    node = program.Node(root, boot=False)
+    node.live = True
+    node.services(["munge", "slurmd", "clusterbake-health.timer"])
+    assert node.changed == []
+    assert [c for c in systemd() if c.split()[1] not in ("is-enabled", "is-active")] == []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from clusterbake.errors import ClusterbakeError, ConfigError
+from clusterbake.errors import ClusterbakeError, ConfigError, NodesDidNotBoot
 from clusterbake.images.store import find_local_image
 from clusterbake.inventory import build_inventory
 from clusterbake.nspawn import limits, machines, network
@@ -50,6 +50,9 @@ NVIDIA_MAJOR = 195  # the character device major number of NVIDIA's GPU devices
 
 
 class LocalProvider(Provider):
+    # Compute nodes this run started whose SSH is awaited in after_configure (see provision).
+    _booting: tuple[str, ...] = ()
+
     @property
     def machine_prefix(self) -> str:
         return f"cb-{self.config.cluster_name}-"
@@ -153,7 +156,10 @@ class LocalProvider(Provider):
         for name in started:
             self._start(name, Path(image))
         self._write_known_hosts()
-        self.wait_ssh(started)
+        # Ansible connects to the head only: the compute nodes boot on while it is configured (on
+        # 2 cores, 32 booting nodes took longer than the play), awaited before their bundles.
+        self.wait_ssh([name for name in started if self.node(name).role == "head"])
+        self._booting = tuple(name for name in started if self.node(name).role != "head")
 
     # --- images: the cluster's, and each node disk's own -------------------------------
 
@@ -313,7 +319,7 @@ class LocalProvider(Provider):
                 time.sleep(0.1)
         if pending:
             kept = self.keep_evidence(sorted(pending))
-            raise ClusterbakeError(
+            raise NodesDidNotBoot(
                 f"nodes {', '.join(sorted(pending))} did not answer SSH within {timeout:.0f}s; their console logs "
                 f"and journals are kept (a rollback leaves the logs directory): {', '.join(map(str, kept))}"
             )
@@ -398,6 +404,8 @@ class LocalProvider(Provider):
         """Running compute nodes get their group's join bundle where theirs differs: the bundle
         written into the node's disk from here, then applied in the node (nsenter, in parallel): no
         SSH and no Ansible. A node that boots later takes it from its disk."""
+        self.wait_ssh(list(self._booting))
+        self._booting = ()
         running = self.running_nodes()
         inits = machines.node_inits(self.machine_prefix)
         drifted: dict[str, int] = {}
