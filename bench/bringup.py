@@ -257,16 +257,24 @@ def main() -> int:
                     "all_nodes_pss_mib_median": round(statistics.median(figures["all_nodes_pss_mib"]), 1),
                 }
         ratios = results["ratios"] = {}
-        here = results["clusters"].get("1+8", {}).get(current.label)
-        if here and len(codes) > 1 and codes[1].label in results["clusters"]["1+8"]:
-            base = results["clusters"]["1+8"][codes[1].label]
-            for key, name in (("cluster_up_s", "cluster_up_to_all_idle"), ("rerun_s", "idempotent_rerun")):
-                speedup = base[name]["median_s"] / here[name]["median_s"]
-                ratios[f"1+8 {key} baseline/current"] = round(speedup, 2)
-                ratios[f"1+8 {key} peer/current (derived)"] = round(speedup * PEER[key] / PEER_BASELINE[key], 2)
-        if here and "1+32" in results["clusters"]:
-            big = results["clusters"]["1+32"][current.label]["cluster_up_to_all_idle"]["median_s"]
-            ratios["1+32/1+8 cluster_up current"] = round(big / here["cluster_up_to_all_idle"]["median_s"], 2)
+        eight = results["clusters"].get("1+8", {})
+        base = eight.get(codes[1].label) if len(codes) > 1 else None
+        # Each current variant (as configured, and with `without` parts off) against the baseline
+        # (the peer's figure derived from that day's peer/baseline ratio), and 1+32 against 1+8.
+        for _, parts_off, label in variants:
+            here = eight.get(label)
+            if here is None or label == (codes[1].label if len(codes) > 1 else None):
+                continue
+            suffix = "current" + (f" without {'+'.join(parts_off)}" if parts_off else "")
+            if base:
+                for key, name in (("cluster_up_s", "cluster_up_to_all_idle"), ("rerun_s", "idempotent_rerun")):
+                    speedup = base[name]["median_s"] / here[name]["median_s"]
+                    ratios[f"1+8 {key} baseline/{suffix}"] = round(speedup, 2)
+                    ratios[f"1+8 {key} peer/{suffix} (derived)"] = round(speedup * PEER[key] / PEER_BASELINE[key], 2)
+            big = results["clusters"].get("1+32", {}).get(label)
+            if big:
+                ratio = big["cluster_up_to_all_idle"]["median_s"] / here["cluster_up_to_all_idle"]["median_s"]
+                ratios[f"1+32/1+8 cluster_up {suffix}"] = round(ratio, 2)
 
         elastic_nodes = [int(n) for n in args.elastic_nodes.split(",") if n]
         if elastic_nodes:
