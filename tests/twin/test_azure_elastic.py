@@ -85,6 +85,12 @@ def head(cluster: Twin, command: str, **kwargs):
     return cluster.on("head", command, **kwargs)
 
 
+def power_log_with(cluster: Twin, pattern: str) -> str | None:
+    """The head's power log once a line matches `pattern`, else None."""
+    log = head(cluster, POWER_LOG).stdout
+    return log if re.search(pattern, log) else None
+
+
 def head_identity(azure: AzureTwin) -> dict:
     (identity,) = [
         r
@@ -147,11 +153,12 @@ def test_without_capacity_for_the_first_size_a_node_comes_up_as_the_next(azure, 
         azure.set_capacity(None)
     print(f"\nsbatch -N1 to RUNNING with {SIZES[0]} out of capacity ({SIZES[1]} created): {took:.1f}s")
     assert vm(azure, "cpu-1")["properties"]["hardwareProfile"]["vmSize"] == SIZES[1]
-    log = head(elastic, POWER_LOG).stdout
+    # The resume program logs the VM once ARM's create operation reports it done, which can come
+    # after the node booted, joined and took the job: wait for that line rather than race it.
+    created = rf"resume cpu-1: {CLUSTER}-cpu-1 {SIZES[1]} at [\d.]+ \(fallback: {SIZES[0]}: AllocationFailed\)"
+    log = wait_for("the resume program's log of cpu-1's VM", lambda: power_log_with(elastic, created), timeout=60)
     assert f"resume cpu-1: {SIZES[0]}: AllocationFailed: Allocation failed." in log
     assert f"{SIZES[0]} skipped for 10s, trying {SIZES[1]}" in log
-    assert f"resume cpu-1: {CLUSTER}-cpu-1 {SIZES[1]} at " in log
-    assert f"(fallback: {SIZES[0]}: AllocationFailed)" in log
     wait_done(elastic, job)
     assert head(elastic, "cat /shared/fallover.out").stdout.strip() == "cpu-1"
 
