@@ -3,7 +3,7 @@
 The cluster of tests/integration/elastic.yaml has no static compute node and up to 4
 elastic ones. Slurm's ResumeProgram and SuspendProgram on the head (role slurm_power)
 ask the host's power agent to start and stop them; the reconcile loop on the head
-(every 30 s) stops machines running behind powered-down nodes and returns nodes left
+(every 10 s here) stops machines running behind powered-down nodes and returns nodes left
 DOWN by a failed resume. The tests run in order on one cluster.
 """
 
@@ -94,8 +94,8 @@ def test_a_failed_resume_requeues_the_job_and_the_node_returns_after_the_cool_do
         assert "JobState=PENDING" in state  # requeued, not lost
     finally:
         clear_injections()
-    # The reconcile loop (every 30 s) returns cpu-2 after failed_node_cooldown (15 s); the
-    # requeued job is eligible again after Slurm's requeue delay (cred_expire + 1: 121 s).
+    # The reconcile loop (every 10 s) returns cpu-2 after failed_node_cooldown (15 s); the
+    # requeued job is eligible again after the requeue delay (cred_expire + 1: 31 s).
     wait_for(
         "the requeued job done",
         lambda: "COMPLETED" in head(f"scontrol show job {job}").stdout,
@@ -121,7 +121,7 @@ def test_a_machine_running_behind_a_powered_down_node_is_stopped(elastic):
         assert machines()["cpu-3"] == "running"
     finally:
         clear_injections()
-    # The reconcile loop (every 30 s) stops it once it has run orphan_grace (10 s) behind idle~.
+    # The reconcile loop (every 10 s) stops it once it has run orphan_grace (10 s) behind idle~.
     wait_for("cpu-3 stopped by the reconcile loop", lambda: machines()["cpu-3"] != "running", timeout=120)
     assert "cpu-3 runs although Slurm powered it down: stopping it" in head("cat /var/log/clusterbake/power.log").stdout
     assert slurm_states()["cpu-3"] == "idle~"
