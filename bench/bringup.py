@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Bring-up benchmark: `cluster up` from nothing, the memory each node takes, the idempotent
-re-run, destroy, and the time from `sbatch` to job start on powered-down elastic nodes.
+"""Bring-up benchmark: `cluster up` from nothing, the memory and CPU time each node takes, the
+idempotent re-run, destroy, and the time from `sbatch` to job start on powered-down elastic nodes.
 
 Runs the real `clusterbake` CLI (what `make cluster` runs) on the local provider and
 writes JSON with medians and ratios to bench/results/bringup-<time>.json.
@@ -131,15 +131,65 @@ def node_memory_mib(machine_prefix: str) -> dict[str, float]:
     return by_machine
 
 
+def host_busy_cpu_s() -> float:
+    """CPU seconds the whole host has been busy (all cores, /proc/stat: user, nice, system,
+    irq, softirq): over a bring-up, the work it took, whatever ran it (Ansible, the nodes)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(fields[:3]) + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(cgroup: Path) -> float:
+    for line in (cgroup / "cpu.stat").read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == "usage_usec":
+            return int(value) / 1e6
+    return -1.0
+
+
+def node_cpu_seconds(machine_prefix: str) -> dict[str, dict]:
+    """CPU time each node has used since it booted, from its cgroup v2 `cpu.stat` (the unified
+    hierarchy, where each node is placed; children count in their parent, exited ones included),
+    and its five costliest units still present. Unlike wall time, this does not drift with the
+    machine's speed: it is what a node's boot and join cost."""
+    hierarchy = next(
+        (h for h in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")) if (h / "cpu.stat").exists()), None
+    )
+    if hierarchy is None:
+        return {}
+    by_machine: dict[str, dict] = {}
+    for machine in sorted((hierarchy / "clusterbake").glob(f"{machine_prefix}*")):
+        units = {
+            d.name: round(_cpu_seconds(d), 3)
+            for d in machine.rglob("*")
+            if d.is_dir() and d.name.endswith((".service", ".scope")) and (d / "cpu.stat").exists()
+        }
+        top = dict(sorted(units.items(), key=lambda item: -item[1])[:5])
+        by_machine[machine.name] = {"cpu_s": round(_cpu_seconds(machine), 3), "top_units": top}
+    return by_machine
+
+
 def bring_up(code: Code, config: Path) -> dict[str, float]:
-    """From nothing to every compute node idle (with each node's memory then), the re-run, and destroy."""
+    """From nothing to every compute node idle (with each node's memory and CPU time then), the
+    re-run, and destroy."""
     code.run(config, "cluster", "down")
+    busy_before = host_busy_cpu_s()
     up, _ = code.run(config, "cluster", "up")
+    busy = host_busy_cpu_s() - busy_before
     memory = node_memory_mib("cb-bench-")
+    cpu = node_cpu_seconds("cb-bench-")
     rerun, out = code.run(config, "cluster", "up")
     changed = re.search(r"(\d+) changed tasks", out)
     down, _ = code.run(config, "cluster", "down")
     compute = [mib for machine, mib in memory.items() if not machine.endswith("-head")]
+    compute_nodes = sorted((n for m, n in cpu.items() if not m.endswith("-head")), key=lambda n: n["cpu_s"])
+    compute_cpu = [node["cpu_s"] for node in compute_nodes]
+    head_cpu = next((node for machine, node in cpu.items() if machine.endswith("-head")), {"cpu_s": -1})
+    log(f"  CPU to all idle: the host {busy:.1f}s busy, head {head_cpu['cpu_s']:.2f}s {head_cpu.get('top_units', {})}")
+    if compute_nodes:
+        log(
+            f"  CPU to all idle: compute median {statistics.median(compute_cpu):.2f}s, sum {sum(compute_cpu):.1f}s;"
+            f" a median node: {compute_nodes[len(compute_nodes) // 2].get('top_units', {})}"
+        )
     return {
         "up": up,
         "rerun": rerun,
@@ -148,6 +198,10 @@ def bring_up(code: Code, config: Path) -> dict[str, float]:
         "compute_node_pss_mib": statistics.median(compute) if compute else -1,
         "head_pss_mib": next((mib for machine, mib in memory.items() if machine.endswith("-head")), -1),
         "all_nodes_pss_mib": sum(memory.values()),
+        "compute_node_cpu_s": statistics.median(compute_cpu) if compute_cpu else -1,
+        "all_compute_cpu_s": sum(compute_cpu),
+        "head_cpu_s": head_cpu["cpu_s"],
+        "host_busy_cpu_s": busy,
     }
 
 
@@ -255,6 +309,12 @@ def main() -> int:
                     "compute_node_pss_mib_median": round(statistics.median(figures["compute_node_pss_mib"]), 1),
                     "head_pss_mib_median": round(statistics.median(figures["head_pss_mib"]), 1),
                     "all_nodes_pss_mib_median": round(statistics.median(figures["all_nodes_pss_mib"]), 1),
+                    # CPU time used from boot to all idle (cgroup cpu.stat): the cost of a bring-up
+                    # that wall time on 2 shared cores only shows through the drift.
+                    "compute_node_cpu_s_median": round(statistics.median(figures["compute_node_cpu_s"]), 3),
+                    "all_compute_cpu_s_median": round(statistics.median(figures["all_compute_cpu_s"]), 2),
+                    "head_cpu_s_median": round(statistics.median(figures["head_cpu_s"]), 2),
+                    "host_busy_cpu_s_median": round(statistics.median(figures["host_busy_cpu_s"]), 2),
                 }
         ratios = results["ratios"] = {}
         eight = results["clusters"].get("1+8", {})

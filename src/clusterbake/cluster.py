@@ -43,10 +43,15 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
             raise
     summary["nodes"] = len(provider.nodes)
     if provision_only:
+        try:
+            provider.finish_provision()
+        except NodesDidNotBoot:
+            _roll_back_if_created(provider, created)
+            raise
         return summary
     try:
         summary.update(_configure(config, config_path, provider, state, reconfigure))
-    except NodesDidNotBoot:  # the local provider's compute nodes boot on while the head is configured
+    except NodesDidNotBoot:  # the local provider's compute nodes start and boot while the head is configured
         _roll_back_if_created(provider, created)
         raise
     with phase("wait for compute nodes to be idle in Slurm"):

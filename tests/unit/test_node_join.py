@@ -172,18 +172,25 @@ FAKE_SYSTEMCTL = """#!/bin/sh
 # A systemd stand-in: units are active/enabled when a file of their name exists.
 # A call that skips the SysV helpers (SYSTEMCTL_SKIP_SYSV, as systemctl reads it) is logged so.
 echo "${SYSTEMCTL_SKIP_SYSV:+SYSTEMCTL_SKIP_SYSV=$SYSTEMCTL_SKIP_SYSV }systemctl $*" >> "$FAKE_SYSTEMD/log"
+# is-active / is-enabled print one state per unit (none with --quiet) and exit 0 when at least
+# one unit is active / enabled, as systemctl does.
 verb=$1; shift
-units=""
-for arg in "$@"; do case "$arg" in --*) ;; *) units="$units $arg" ;; esac; done
+units=""; quiet=""; found=""
+for arg in "$@"; do case "$arg" in --quiet) quiet=1 ;; --*) ;; *) units="$units $arg" ;; esac; done
+say() { [ -n "$quiet" ] || echo "$1"; }
 for unit in $units; do
   case "$verb" in
-    is-active) [ -e "$FAKE_SYSTEMD/active/$unit" ] || exit 3 ;;
-    is-enabled) [ -e "$FAKE_SYSTEMD/enabled/$unit" ] || exit 1 ;;
+    is-active) if [ -e "$FAKE_SYSTEMD/active/$unit" ]; then say active; found=1; else say inactive; fi ;;
+    is-enabled) if [ -e "$FAKE_SYSTEMD/enabled/$unit" ]; then say enabled; found=1; else say disabled; fi ;;
     enable) touch "$FAKE_SYSTEMD/enabled/$unit" ;;
     start|restart) touch "$FAKE_SYSTEMD/active/$unit" ;;
     *) exit 3 ;;
   esac
 done
+case "$verb" in
+  is-active) [ -n "$found" ] || exit 3 ;;
+  is-enabled) [ -n "$found" ] || exit 1 ;;
+esac
 [ "$verb" = daemon-reload ] || [ -n "$units" ] || exit 3
 """
 FAKE_UMOUNT = """#!/bin/sh
@@ -234,14 +241,14 @@ def test_live_mount_is_written_enabled_and_started(root, systemd):
     ]
     assert systemd() == [
         "systemctl daemon-reload",
-        "systemctl is-enabled --quiet home.mount",
+        "systemctl is-enabled home.mount",
+        "systemctl is-active home.mount",
         "systemctl enable --quiet home.mount",
-        "systemctl is-active --quiet home.mount",
         "systemctl start home.mount",  # a plain start even at boot: the users need the mount
     ]
     # Mounted and unchanged: left alone, nothing reported.
     assert live_mounts(root, [mount_spec()]) == []
-    assert systemd() == ["systemctl is-enabled --quiet home.mount", "systemctl is-active --quiet home.mount"]
+    assert systemd() == ["systemctl is-enabled home.mount", "systemctl is-active home.mount"]
 
 
 def test_changed_unit_is_remounted_when_nothing_uses_it(root, systemd):
@@ -349,9 +356,31 @@ def test_services_are_enabled_in_one_call_without_a_daemon_reload(root, systemd)
     calls = systemd()
     assert "SYSTEMCTL_SKIP_SYSV=1 systemctl enable --quiet --no-reload slurmd clusterbake-health.timer" in calls
     assert not [c for c in calls if "daemon-reload" in c or (" enable " in c and "--no-reload" not in c)]
-    # Enabled and running: a second join changes nothing and calls no enable or start.
+    # Both started in one call; munge, running, was not restarted.
+    assert "systemctl start slurmd clusterbake-health.timer" in calls
+    # Enabled and running: a second join changes nothing; it asks about all services in two calls.
     node = program.Node(root, boot=False)
     node.live = True
     node.services(["munge", "slurmd", "clusterbake-health.timer"])
     assert node.changed == []
-    assert [c for c in systemd() if c.split()[1] not in ("is-enabled", "is-active")] == []
+    assert systemd() == [
+        "systemctl is-enabled munge slurmd clusterbake-health.timer",
+        "systemctl is-active munge slurmd clusterbake-health.timer",
+    ]
+
+
+def test_a_unit_systemctl_prints_no_state_for_is_asked_about_alone(root, systemd):
+    """systemctl stops at a unit it has no file of (is-enabled: no line for it or the units after):
+    the states are then asked one unit at a time rather than matched to the wrong units."""
+    (systemd.state / "enabled" / "munge").touch()
+    (systemd.state / "bin" / "systemctl").write_text(
+        FAKE_SYSTEMCTL.replace("verb=$1; shift", 'verb=$1; shift\n[ "$verb" = is-enabled ] && [ "$1" != --quiet ] && [ $# -gt 1 ] && exit 1')
+    )
+    node = program.Node(root, boot=False)
+    node.live = True
+    assert node.unit_states("is-enabled", ["munge", "slurmd"]) == {"munge": True, "slurmd": False}
+    assert systemd() == [
+        "systemctl is-enabled munge slurmd",
+        "systemctl is-enabled --quiet munge",
+        "systemctl is-enabled --quiet slurmd",
+    ]

@@ -160,7 +160,7 @@ def booted(provider, monkeypatch):
         "clusterbake.nspawn.machines.mount_overlay",
         lambda image_root, paths: (paths.upper.mkdir(parents=True, exist_ok=True), mounted.append(image_root)),
     )
-    monkeypatch.setattr("clusterbake.nspawn.machines.spawn", lambda *a: 1)
+    monkeypatch.setattr("clusterbake.nspawn.machines.spawn", lambda *a, **kw: 1)
     monkeypatch.setattr("clusterbake.nspawn.machines.unmount_tree", lambda path: None)
     monkeypatch.setattr(provider, "_personalize", lambda name, root: None)
     return mounted

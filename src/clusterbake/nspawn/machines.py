@@ -122,34 +122,53 @@ def _cgroup_hierarchies() -> list[Path]:
 
 
 def machine_cgroups(machine: str) -> list[Path]:
-    return [hierarchy / "clusterbake" / machine for hierarchy in _cgroup_hierarchies()]
+    return [hierarchy / "clusterbake" / machine for hierarchy in _cgroup_hierarchies()] + _cpu_cgroups(machine)
 
 
-def spawn(argv: list[str], machine: str, console_log: Path) -> int:
+# The cgroup v1 `cpu` controller (a hybrid or v1 host, as here): its cgroups take a host's tasks out
+# of the kernel's autogroups, where every service of a node is an entity as heavy as a whole
+# session (Ansible's included).
+CPU_HIERARCHY = Path("/sys/fs/cgroup/cpu")
+
+
+def _cpu_cgroups(machine: str) -> list[Path]:
+    return [CPU_HIERARCHY / "clusterbake" / machine] if (CPU_HIERARCHY / "cpu.shares").exists() else []
+
+
+SH = "/bin/sh"
+# Arguments: cgroup.procs files, `--`, the command: the shell writes its PID to each, then execs.
+ENTER_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 1; shift; done; shift; exec "$@"'
+
+
+def spawn(argv: list[str], machine: str, console_log: Path, shared_cpu: bool = False) -> int:
     """Start nspawn detached from our session, in a cgroup of its own; returns its PID.
 
     Without a host systemd, nspawn --keep-unit creates its `payload` cgroup under
     its caller's cgroup: every node would share one, and a `systemctl stop` on one
     node would kill the same unit's processes on all of them.
+
+    `shared_cpu` (compute nodes): the machine also goes into the `cpu` controller's `clusterbake`
+    cgroup, whose machines share the CPU weight of one process. Under contention (32 nodes
+    booting while the head is configured) they take what the head's configuration leaves;
+    on an idle host they have every core. Without a v1 `cpu` hierarchy (a cgroup v2 host) the
+    nodes run at the normal weight.
     """
-    cgroups = machine_cgroups(machine)
+    cgroups = [c for c in machine_cgroups(machine) if shared_cpu or c not in _cpu_cgroups(machine)]
     for cgroup in cgroups:
         cgroup.mkdir(parents=True, exist_ok=True)
-
-    def enter_own_cgroup() -> None:
-        for cgroup in cgroups:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-
+    # A shell enters the cgroups and becomes nspawn (exec: same PID), rather than a preexec_fn:
+    # nodes are started from several threads, where a preexec_fn is unsafe (and forces a full
+    # fork of this process for every node).
+    enter = [SH, "-c", ENTER_CGROUPS, "sh", *(str(c / "cgroup.procs") for c in cgroups), "--"]
     console_log.parent.mkdir(parents=True, exist_ok=True)
     with console_log.open("ab") as log, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(
-            argv,
+            [*enter, *argv],
             stdin=devnull,
             stdout=log,
             stderr=log,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=enter_own_cgroup,
         )
     return proc.pid
 

@@ -139,6 +139,10 @@ class Provider(ABC):
     def provision(self, image: Path | str) -> None:
         """Create (or start again) every node; idempotent."""
 
+    def finish_provision(self) -> None:  # noqa: B027 (optional hook: nothing goes on after provision)
+        """Wait for what provision left going on in the background (the local provider's compute
+        nodes start while the head is configured); a failure there is NodesDidNotBoot."""
+
     def wait_ready(self) -> None:  # noqa: B027 (optional hook: the local provider waits in provision)
         """Before configuration: wait until every node answers SSH (provision may already have).
 

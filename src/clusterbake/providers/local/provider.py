@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
@@ -11,11 +12,13 @@ import subprocess
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from clusterbake.errors import ClusterbakeError, ConfigError, NodesDidNotBoot
 from clusterbake.images.store import find_local_image
@@ -47,11 +50,33 @@ def write_file(path: Path, text: str) -> None:
 
 
 NVIDIA_MAJOR = 195  # the character device major number of NVIDIA's GPU devices
+# Compute nodes started at once by `cluster up`: each start is mostly waiting on `ip`, mount and
+# nspawn processes, which overlap; more than a few only crowd 2 cores.
+START_WORKERS = 4
+
+
+def write_host_keys(ssh_dir: Path, comment: str) -> None:
+    """A node's SSH host keys (ed25519 and ECDSA P-256, as `ssh-keygen -t` makes them), generated
+    in-process: a node's first boot needs two, and 32 nodes' ssh-keygen runs took over a second."""
+    keys = {"ed25519": ed25519.Ed25519PrivateKey.generate(), "ecdsa": ec.generate_private_key(ec.SECP256R1())}
+    for kind, key in keys.items():
+        private = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        )
+        public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        path = ssh_dir / f"ssh_host_{kind}_key"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(private)
+        path.with_suffix(".pub").write_bytes(public + f" {comment}\n".encode())
 
 
 class LocalProvider(Provider):
     # Compute nodes this run started whose SSH is awaited in after_configure (see provision).
     _booting: tuple[str, ...] = ()
+    # provision()'s background start of the compute nodes (finish_provision awaits it).
+    _starter: ThreadPoolExecutor | None = None
+    _starting: Future | None = None
 
     @property
     def machine_prefix(self) -> str:
@@ -153,13 +178,54 @@ class LocalProvider(Provider):
         # Elastic nodes stay powered down until Slurm asks for them. A node whose supervisor
         # died (an orphan) is not running: _start ends it and boots it again.
         started = [n.name for n in self.nodes if not n.elastic and self.machine_name(n.name) not in running]
-        for name in started:
-            self._start(name, Path(image))
+        orphans = machines.find_orphans(self.machine_prefix)  # one look at the host's processes for all
+        heads = [name for name in started if self.node(name).role == "head"]
+        computes = [name for name in started if name not in heads]
+        for name in heads:
+            self._start(name, Path(image), orphans)
         self._write_known_hosts()
-        # Ansible connects to the head only: the compute nodes boot on while it is configured (on
-        # 2 cores, 32 booting nodes took longer than the play), awaited before their bundles.
-        self.wait_ssh([name for name in started if self.node(name).role == "head"])
-        self._booting = tuple(name for name in started if self.node(name).role != "head")
+        # Ansible connects to the head only: the compute nodes start and boot while it is configured
+        # (on 2 cores, starting 32 took 7 s before the play could begin), awaited by after_configure
+        # (finish_provision) before their bundles.
+        if computes:
+            self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="start-compute")
+            self._starting = self._starter.submit(self._start_all, computes, Path(image), orphans)
+        try:
+            self.wait_ssh(heads)
+        except BaseException:
+            self._stop_starting()  # a rollback must not race nodes still being started
+            raise
+        self._booting = tuple(computes)
+
+    def _start_all(self, names: list[str], image: Path, orphans: dict[str, int]) -> None:
+        """Start nodes a few at a time; every start is tried, the first failure is raised."""
+        with ThreadPoolExecutor(max_workers=START_WORKERS, thread_name_prefix="start") as pool:
+            futures = [pool.submit(self._start, name, image, orphans) for name in names]
+        for future in futures:
+            future.result()
+
+    def _stop_starting(self) -> None:
+        """Wait for the background starts to end, their failure included (the caller raises its own)."""
+        if self._starting is not None:
+            self._starting.exception()
+            self._starter.shutdown()
+            self._starting = self._starter = None
+
+    def finish_provision(self) -> None:
+        """The compute nodes provision() started in the background are started (not yet booted:
+        after_configure waits for their SSH) and their host keys known; a failed start raises
+        NodesDidNotBoot, so that a new cluster is rolled back."""
+        if self._starting is None:
+            return
+        starting, self._starting = self._starting, None
+        self._starter.shutdown()
+        self._starter = None
+        try:
+            starting.result()
+        except Exception as exc:
+            raise NodesDidNotBoot(f"starting the compute nodes failed: {exc}") from exc
+        finally:
+            self._write_known_hosts()
 
     # --- images: the cluster's, and each node disk's own -------------------------------
 
@@ -179,12 +245,28 @@ class LocalProvider(Provider):
         record = self._image_record(name)
         return Path(record.read_text().strip()) if record.exists() else self.cluster_image
 
-    def _start(self, name: str, image: Path | None = None) -> None:
+    def _start(self, name: str, image: Path | None = None, orphans: dict[str, int] | None = None) -> None:
         """Boot a node on its own disk, or on a new disk from `image` (default: the cluster's).
+        `orphans`: machines.find_orphans of the cluster, when the caller looked already.
 
         An elastic node whose disk is of another image than the cluster's gets a new disk: a powered
         down node boots the newest image the cluster moved to (a rolling image update)."""
-        orphan = machines.find_orphans(self.machine_name(name)).get(self.machine_name(name))
+        paths = self._paths(name)
+        paths.base.mkdir(parents=True, exist_ok=True)
+        # One start at a time per node: provision's background start and the power agent (the head's
+        # reconcile loop, a resume) can be asked for the same node; the second finds it running.
+        with open(paths.base / "start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if machines.mounted_at(paths.root) and self.machine_name(name) in machines.find_machines(
+                self.machine_name(name)
+            ):
+                return
+            self._start_locked(name, image, orphans)
+
+    def _start_locked(self, name: str, image: Path | None, orphans: dict[str, int] | None) -> None:
+        if orphans is None:
+            orphans = machines.find_orphans(self.machine_name(name))
+        orphan = orphans.get(self.machine_name(name))
         if orphan is not None:
             # Its nspawn died and its init runs on without it: nothing can supervise or stop it
             # any more, so it ends (its jobs were requeued by Slurm) and boots again below.
@@ -223,7 +305,7 @@ class LocalProvider(Provider):
             readonly_binds=self._gpu_devices(name),
             init_args=init_args,
         )
-        machines.spawn(argv, self.machine_name(name), paths.console_log)
+        machines.spawn(argv, self.machine_name(name), paths.console_log, shared_cpu=self.node(name).role == "compute")
 
     def _gpu_devices(self, name: str) -> dict[str, Path]:
         """Placeholder GPUs (`gpus: N`): character devices /dev/nvidia0..N-1 with NVIDIA's major number.
@@ -261,22 +343,7 @@ class LocalProvider(Provider):
         ssh_dir = root / "etc" / "ssh"
         for old in ssh_dir.glob("ssh_host_*"):
             old.unlink()
-        for kind in ("ed25519", "ecdsa"):
-            subprocess.run(
-                [
-                    "ssh-keygen",
-                    "-q",
-                    "-t",
-                    kind,
-                    "-N",
-                    "",
-                    "-C",
-                    f"root@{name}",
-                    "-f",
-                    str(ssh_dir / f"ssh_host_{kind}_key"),
-                ],
-                check=True,
-            )
+        write_host_keys(ssh_dir, f"root@{name}")
         root_ssh = root / "root" / ".ssh"
         root_ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
         keys = root_ssh / "authorized_keys"
@@ -404,6 +471,7 @@ class LocalProvider(Provider):
         """Running compute nodes get their group's join bundle where theirs differs: the bundle
         written into the node's disk from here, then applied in the node (nsenter, in parallel): no
         SSH and no Ansible. A node that boots later takes it from its disk."""
+        self.finish_provision()
         self.wait_ssh(list(self._booting))
         self._booting = ()
         running = self.running_nodes()

@@ -1,0 +1,51 @@
+"""What the local provider does on the host to start a node, checked with real tools: the host keys
+it writes (read back by OpenSSH's ssh-keygen) and the shell that puts nspawn in its cgroups."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+
+from clusterbake.nspawn import machines
+from clusterbake.providers.local.provider import write_host_keys
+
+
+def test_host_keys_are_openssh_keys_with_their_public_halves(tmp_path):
+    write_host_keys(tmp_path, "root@cpu-1")
+    for kind, key_type in (("ed25519", "ssh-ed25519"), ("ecdsa", "ecdsa-sha2-nistp256")):
+        private = tmp_path / f"ssh_host_{kind}_key"
+        public = private.with_suffix(".pub").read_text().split()
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600
+        assert public[0] == key_type and public[2] == "root@cpu-1"
+        # ssh-keygen derives the public key from the private one: the two files belong together.
+        derived = subprocess.run(["ssh-keygen", "-y", "-f", str(private)], capture_output=True, text=True, check=True)
+        assert derived.stdout.split()[:2] == public[:2]
+
+
+def test_each_node_gets_keys_of_its_own(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    write_host_keys(tmp_path / "a", "root@a")
+    write_host_keys(tmp_path / "b", "root@b")
+    keys = [(tmp_path / node / "ssh_host_ed25519_key").read_bytes() for node in ("a", "b")]
+    assert keys[0] != keys[1]
+
+
+def test_the_start_shell_writes_its_pid_to_each_cgroup_then_becomes_the_command(tmp_path):
+    procs = [tmp_path / "systemd.procs", tmp_path / "cpu.procs"]
+    for path in procs:
+        path.touch()
+    # The command prints its own PID: exec keeps the shell's, which went into the cgroups.
+    argv = [machines.SH, "-c", machines.ENTER_CGROUPS, "sh", *map(str, procs), "--", "sh", "-c", "echo $$"]
+    result = subprocess.run(argv, capture_output=True, text=True, check=True)
+    pid = result.stdout.strip()
+    assert pid.isdigit()
+    assert [path.read_text().strip() for path in procs] == [pid, pid]
+
+
+def test_the_start_shell_runs_nothing_when_a_cgroup_cannot_be_entered(tmp_path):
+    marker = tmp_path / "ran"
+    missing = tmp_path / "no-such-cgroup" / "cgroup.procs"
+    argv = [machines.SH, "-c", machines.ENTER_CGROUPS, "sh", str(missing), "--", "touch", str(marker)]
+    assert subprocess.run(argv, capture_output=True).returncode != 0
+    assert not marker.exists()
