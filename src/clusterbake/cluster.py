@@ -42,14 +42,10 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
             _roll_back_if_created(provider, created)
             raise
     summary["nodes"] = len(provider.nodes)
-    if provision_only:
-        try:
-            provider.finish_provision()
-        except NodesDidNotBoot:
-            _roll_back_if_created(provider, created)
-            raise
-        return summary
     try:
+        if provision_only:
+            provider.finish_provision()
+            return summary
         summary.update(_configure(config, config_path, provider, state, reconfigure))
     except NodesDidNotBoot:  # the local provider's compute nodes start and boot while the head is configured
         _roll_back_if_created(provider, created)

@@ -373,8 +373,9 @@ def test_a_unit_systemctl_prints_no_state_for_is_asked_about_alone(root, systemd
     """systemctl stops at a unit it has no file of (is-enabled: no line for it or the units after):
     the states are then asked one unit at a time rather than matched to the wrong units."""
     (systemd.state / "enabled" / "munge").touch()
+    stop_at_a_second_unit = '[ "$verb" = is-enabled ] && [ "$1" != --quiet ] && [ $# -gt 1 ] && exit 1'
     (systemd.state / "bin" / "systemctl").write_text(
-        FAKE_SYSTEMCTL.replace("verb=$1; shift", 'verb=$1; shift\n[ "$verb" = is-enabled ] && [ "$1" != --quiet ] && [ $# -gt 1 ] && exit 1')
+        FAKE_SYSTEMCTL.replace("verb=$1; shift", f"verb=$1; shift\n{stop_at_a_second_unit}")
     )
     node = program.Node(root, boot=False)
     node.live = True

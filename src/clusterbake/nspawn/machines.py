@@ -122,7 +122,12 @@ def _cgroup_hierarchies() -> list[Path]:
 
 
 def machine_cgroups(machine: str) -> list[Path]:
-    return [hierarchy / "clusterbake" / machine for hierarchy in _cgroup_hierarchies()] + _cpu_cgroups(machine)
+    """Every cgroup a machine can be in (those a booted systemd uses, and the `cpu` one)."""
+    return _own_cgroups(machine) + _cpu_cgroups(machine)
+
+
+def _own_cgroups(machine: str) -> list[Path]:
+    return [hierarchy / "clusterbake" / machine for hierarchy in _cgroup_hierarchies()]
 
 
 # The cgroup v1 `cpu` controller (a hybrid or v1 host, as here): its cgroups take a host's tasks out
@@ -147,13 +152,13 @@ def spawn(argv: list[str], machine: str, console_log: Path, shared_cpu: bool = F
     its caller's cgroup: every node would share one, and a `systemctl stop` on one
     node would kill the same unit's processes on all of them.
 
-    `shared_cpu` (compute nodes): the machine also goes into the `cpu` controller's `clusterbake`
-    cgroup, whose machines share the CPU weight of one process. Under contention (32 nodes
+    `shared_cpu` (compute nodes): the machine also goes into `clusterbake/<machine>` of the `cpu`
+    controller, where all machines together share the CPU weight of one process. Under contention (32 nodes
     booting while the head is configured) they take what the head's configuration leaves;
     on an idle host they have every core. Without a v1 `cpu` hierarchy (a cgroup v2 host) the
     nodes run at the normal weight.
     """
-    cgroups = [c for c in machine_cgroups(machine) if shared_cpu or c not in _cpu_cgroups(machine)]
+    cgroups = _own_cgroups(machine) + (_cpu_cgroups(machine) if shared_cpu else [])
     for cgroup in cgroups:
         cgroup.mkdir(parents=True, exist_ok=True)
     # A shell enters the cgroups and becomes nspawn (exec: same PID), rather than a preexec_fn:

@@ -74,9 +74,9 @@ def write_host_keys(ssh_dir: Path, comment: str) -> None:
 class LocalProvider(Provider):
     # Compute nodes this run started whose SSH is awaited in after_configure (see provision).
     _booting: tuple[str, ...] = ()
-    # provision()'s background start of the compute nodes (finish_provision awaits it).
+    # provision()'s background starts of the compute nodes (finish_provision awaits them).
     _starter: ThreadPoolExecutor | None = None
-    _starting: Future | None = None
+    _starts: list[Future] = []
 
     @property
     def machine_prefix(self) -> str:
@@ -188,44 +188,34 @@ class LocalProvider(Provider):
         # (on 2 cores, starting 32 took 7 s before the play could begin), awaited by after_configure
         # (finish_provision) before their bundles.
         if computes:
-            self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="start-compute")
-            self._starting = self._starter.submit(self._start_all, computes, Path(image), orphans)
+            self._starter = ThreadPoolExecutor(max_workers=START_WORKERS, thread_name_prefix="start")
+            self._starts = [self._starter.submit(self._start, name, Path(image), orphans) for name in computes]
         try:
             self.wait_ssh(heads)
         except BaseException:
-            self._stop_starting()  # a rollback must not race nodes still being started
+            self._end_starts()  # a rollback must not race nodes still being started
             raise
         self._booting = tuple(computes)
 
-    def _start_all(self, names: list[str], image: Path, orphans: dict[str, int]) -> None:
-        """Start nodes a few at a time; every start is tried, the first failure is raised."""
-        with ThreadPoolExecutor(max_workers=START_WORKERS, thread_name_prefix="start") as pool:
-            futures = [pool.submit(self._start, name, image, orphans) for name in names]
-        for future in futures:
-            future.result()
-
-    def _stop_starting(self) -> None:
-        """Wait for the background starts to end, their failure included (the caller raises its own)."""
-        if self._starting is not None:
-            self._starting.exception()
-            self._starter.shutdown()
-            self._starting = self._starter = None
+    def _end_starts(self) -> list[BaseException]:
+        """Wait for every background start to end; the failures, in start order."""
+        if self._starter is None:
+            return []
+        self._starter.shutdown(wait=True)
+        failures = [error for future in self._starts if (error := future.exception()) is not None]
+        self._starter, self._starts = None, []
+        return failures
 
     def finish_provision(self) -> None:
         """The compute nodes provision() started in the background are started (not yet booted:
         after_configure waits for their SSH) and their host keys known; a failed start raises
         NodesDidNotBoot, so that a new cluster is rolled back."""
-        if self._starting is None:
+        if self._starter is None:
             return
-        starting, self._starting = self._starting, None
-        self._starter.shutdown()
-        self._starter = None
-        try:
-            starting.result()
-        except Exception as exc:
-            raise NodesDidNotBoot(f"starting the compute nodes failed: {exc}") from exc
-        finally:
-            self._write_known_hosts()
+        failures = self._end_starts()
+        self._write_known_hosts()
+        if failures:
+            raise NodesDidNotBoot(f"starting the compute nodes failed: {failures[0]}") from failures[0]
 
     # --- images: the cluster's, and each node disk's own -------------------------------
 
