@@ -88,12 +88,13 @@ def _configure(
         changed = 0
         if needed:
             say(f"    log: {log_file}")
-            result = run_playbook(
-                "cluster.yml",
-                repo_root() / "inventories" / INVENTORY_SCRIPTS[config.provider],
-                log_file,
-                ansible_env(config_path, state.root),
-            )
+            with provider.configuring():
+                result = run_playbook(
+                    "cluster.yml",
+                    repo_root() / "inventories" / INVENTORY_SCRIPTS[config.provider],
+                    log_file,
+                    ansible_env(config_path, state.root),
+                )
             say(f"    {result.ok} ok, {result.changed} changed on {len(result.recap)} nodes")
             changed = result.changed
         finish_configure(provider, inputs if needed else None)

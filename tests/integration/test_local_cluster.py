@@ -6,6 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
+import hostlist
 from localtest import CONFIG, REPO, cb, on, run
 from polling import poll
 
@@ -22,6 +23,22 @@ def slurm_states():
 def test_make_cluster_ends_with_idle_nodes(cluster):
     assert "compute nodes idle" in cluster.stdout
     assert slurm_states() == {"cpu-1": "idle", "cpu-2": "idle"}
+
+
+def test_new_compute_nodes_join_during_the_play_and_slurmd_after_it(cluster):
+    """A new cluster's compute nodes join while the head is configured, but for slurmd and the health
+    timer, which start after the play (slurmctld runs): a slurmd started before slurmctld fails its
+    configless fetch, and systemd counts a restart, which the health check holds against the node."""
+    early = re.findall(r"(\S+) joined during the play, but for slurmd, clusterbake-health.timer", cluster.stderr)
+    assert sorted(hostlist.expand_hostlist(",".join(early))) == ["cpu-1", "cpu-2"], cluster.stderr
+    assert "cpu-[1-2]: joined, slurmd, clusterbake-health.timer started" in cluster.stderr
+    for node in ("cpu-1", "cpu-2"):
+        shown = on(node, "systemctl show --property=NRestarts --property=ActiveState slurmd").stdout.split()
+        assert sorted(shown) == ["ActiveState=active", "NRestarts=0"], (node, shown)
+        assert on(node, "systemctl is-active clusterbake-health.timer munge").stdout.split() == ["active"] * 2
+        # The staged bundle is gone; the node's own is there, private.
+        assert on(node, "stat -c %a /etc/clusterbake/node-join.json").stdout.strip() == "600"
+        assert "node-join.early.json" not in on(node, "ls /etc/clusterbake").stdout
 
 
 def test_srun_runs_on_both_nodes(cluster):

@@ -94,5 +94,9 @@ def test_in_one_play_the_head_gets_no_compute_part(tmp_path):
     assert compute_only_services <= set(bundles["cpu-1"]["services"])
     assert not compute_only_files & set(files(bundles["head"]))
     assert not compute_only_services & set(bundles["head"]["services"])
+    # What talks to slurmctld as it starts: the local provider joins a compute node during the play
+    # but for these, which it starts once slurmctld runs.
+    assert bundles["cpu-1"]["after_controller"] == ["slurmd", "clusterbake-health.timer"]
+    assert bundles["head"]["after_controller"] == []
     # The parts both have are the same (run_once parts, rendered once for the play).
     assert files(bundles["head"])["/etc/hosts"] == files(bundles["cpu-1"])["/etc/hosts"]

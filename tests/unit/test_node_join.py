@@ -369,6 +369,23 @@ def test_services_are_enabled_in_one_call_without_a_daemon_reload(root, systemd)
     ]
 
 
+def test_held_services_are_enabled_but_not_started(root, systemd):
+    """A node joined before its controller runs (the local provider's, during the head's play): the
+    services that talk to slurmctld as they start are enabled for the caller to start later, and a
+    changed file of theirs does not restart them either."""
+    (systemd.state / "active" / "clusterbake-health.timer").touch()
+    node = program.Node(
+        root, boot=False, restart=["clusterbake-health.timer"], hold=["slurmd", "clusterbake-health.timer"]
+    )
+    node.live = True
+    node.services(["munge", "slurmd", "clusterbake-health.timer"])
+    assert node.changed == ["enabled munge", "enabled slurmd", "enabled clusterbake-health.timer", "started munge"]
+    calls = systemd()
+    assert "systemctl start munge" in calls
+    assert not [c for c in calls if "slurmd" in c and (" start" in c or "restart" in c)]
+    assert not [c for c in calls if "restart" in c]
+
+
 def test_a_unit_systemctl_prints_no_state_for_is_asked_about_alone(root, systemd):
     """systemctl stops at a unit it has no file of (is-enabled: no line for it or the units after):
     the states are then asked one unit at a time rather than matched to the wrong units."""

@@ -136,6 +136,12 @@ def _own_cgroups(machine: str) -> list[Path]:
 CPU_HIERARCHY = Path("/sys/fs/cgroup/cpu")
 
 
+# The weight of all compute nodes together (cgroup v1 cpu.shares; one process's is 1024): an eighth
+# of a process, so that while 32 nodes boot and join, Ansible and the head it configures (the play:
+# the bring-up's critical path) run as on an idle host, and the nodes take the rest.
+NODES_CPU_SHARES = 128
+
+
 def _cpu_cgroups(machine: str) -> list[Path]:
     return [CPU_HIERARCHY / "clusterbake" / machine] if (CPU_HIERARCHY / "cpu.shares").exists() else []
 
@@ -143,6 +149,12 @@ def _cpu_cgroups(machine: str) -> list[Path]:
 SH = "/bin/sh"
 # Arguments: cgroup.procs files, `--`, the command: the shell writes its PID to each, then execs.
 ENTER_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 1; shift; done; shift; exec "$@"'
+
+
+def _entering(cgroups) -> list[str]:
+    """The argv prefix that runs a command in these cgroups (none: no prefix)."""
+    procs = [str(cgroup / "cgroup.procs") for cgroup in cgroups]
+    return [SH, "-c", ENTER_CGROUPS, "sh", *procs, "--"] if procs else []
 
 
 def spawn(argv: list[str], machine: str, console_log: Path, shared_cpu: bool = False) -> int:
@@ -153,18 +165,21 @@ def spawn(argv: list[str], machine: str, console_log: Path, shared_cpu: bool = F
     node would kill the same unit's processes on all of them.
 
     `shared_cpu` (compute nodes): the machine also goes into `clusterbake/<machine>` of the `cpu`
-    controller, where all machines together share the CPU weight of one process. Under contention (32 nodes
+    controller, where all machines together weigh an eighth of one process. Under contention (32 nodes
     booting while the head is configured) they take what the head's configuration leaves;
     on an idle host they have every core. Without a v1 `cpu` hierarchy (a cgroup v2 host) the
     nodes run at the normal weight.
     """
-    cgroups = _own_cgroups(machine) + (_cpu_cgroups(machine) if shared_cpu else [])
+    cpu = _cpu_cgroups(machine) if shared_cpu else []
+    cgroups = _own_cgroups(machine) + cpu
     for cgroup in cgroups:
         cgroup.mkdir(parents=True, exist_ok=True)
+    for cgroup in cpu:  # the group of all the nodes: its weight
+        (cgroup.parent / "cpu.shares").write_text(f"{NODES_CPU_SHARES}\n")
     # A shell enters the cgroups and becomes nspawn (exec: same PID), rather than a preexec_fn:
     # nodes are started from several threads, where a preexec_fn is unsafe (and forces a full
     # fork of this process for every node).
-    enter = [SH, "-c", ENTER_CGROUPS, "sh", *(str(c / "cgroup.procs") for c in cgroups), "--"]
+    enter = _entering(cgroups)
     console_log.parent.mkdir(parents=True, exist_ok=True)
     with console_log.open("ab") as log, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(
@@ -273,11 +288,12 @@ def node_inits(prefix: str) -> dict[str, int]:
 
 def run_inside(inits: dict[str, int], argv: list[str], stdin: bytes | None = None, timeout: float = 300.0):
     """The same command in many nodes at once, in all of each node's namespaces (nsenter, as a
-    console would: no SSH); {machine: CompletedProcess}."""
+    console would: no SSH), at the node's CPU weight where it has one (a compute node's: a join
+    while the head is configured takes what the play leaves); {machine: CompletedProcess}."""
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     started = {
         machine: subprocess.Popen(
-            ["nsenter", "-t", str(pid), "-a", *argv],
+            [*_entering(c for c in _cpu_cgroups(machine) if c.is_dir()), "nsenter", "-t", str(pid), "-a", *argv],
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,11 @@ class Provider(ABC):
     def finish_provision(self) -> None:  # noqa: B027 (optional hook: nothing goes on after provision)
         """Wait for what provision left going on in the background (the local provider's compute
         nodes start while the head is configured); a failure there is NodesDidNotBoot."""
+
+    def configuring(self) -> contextlib.AbstractContextManager:
+        """Around the head's play (ansible/cluster.yml): what the provider does while it runs (the
+        local provider joins its new compute nodes as soon as the play has kept their bundles)."""
+        return contextlib.nullcontext()
 
     def wait_ready(self) -> None:  # noqa: B027 (optional hook: the local provider waits in provision)
         """Before configuration: wait until every node answers SSH (provision may already have).

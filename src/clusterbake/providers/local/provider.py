@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import json
@@ -10,12 +11,14 @@ import secrets
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import hostlist
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
@@ -34,6 +37,9 @@ POWER_AGENT_PORT = 6820
 # Where the image keeps the join program and a node its bundle (role node_join's defaults).
 JOIN_PROGRAM = "/usr/local/sbin/clusterbake-node-join"
 JOIN_BUNDLE = "/etc/clusterbake/node-join.json"
+# A fresh node's bundle for its join during the head's play (see configuring): not JOIN_BUNDLE, so
+# that the join after the play still finds the node's bundle missing and applies it whole.
+EARLY_BUNDLE = "/etc/clusterbake/node-join.early.json"
 # Where a staged interruption notice goes on the node's disk (role notice_agent reads it).
 NOTICE_FILE = "/var/lib/clusterbake/notice.json"
 
@@ -47,6 +53,14 @@ def write_file(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     tmp.replace(path)
+
+
+def _write_private(target: Path, data: bytes) -> None:
+    """A file only root reads (a join bundle holds the munge key), in a directory others may list."""
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
 
 
 NVIDIA_MAJOR = 195  # the character device major number of NVIDIA's GPU devices
@@ -76,7 +90,9 @@ class LocalProvider(Provider):
     _booting: tuple[str, ...] = ()
     # provision()'s background starts of the compute nodes (finish_provision awaits them).
     _starter: ThreadPoolExecutor | None = None
-    _starts: list[Future] = []
+    _starts: dict[str, Future] = {}
+    # Nodes joined during the play (configuring): {name: (the bundle applied, the services held)}.
+    _joined_early: dict[str, tuple[bytes, list[str]]] = {}
 
     @property
     def machine_prefix(self) -> str:
@@ -189,7 +205,7 @@ class LocalProvider(Provider):
         # (finish_provision) before their bundles.
         if computes:
             self._starter = ThreadPoolExecutor(max_workers=START_WORKERS, thread_name_prefix="start")
-            self._starts = [self._starter.submit(self._start, name, Path(image), orphans) for name in computes]
+            self._starts = {name: self._starter.submit(self._start, name, Path(image), orphans) for name in computes}
         try:
             self.wait_ssh(heads)
         except BaseException:
@@ -202,9 +218,94 @@ class LocalProvider(Provider):
         if self._starter is None:
             return []
         self._starter.shutdown(wait=True)
-        failures = [error for future in self._starts if (error := future.exception()) is not None]
-        self._starter, self._starts = None, []
+        failures = [error for future in self._starts.values() if (error := future.exception()) is not None]
+        self._starter, self._starts = None, {}
         return failures
+
+    @contextlib.contextmanager
+    def configuring(self):
+        """While the head's play runs, the compute nodes this run started that never joined join as
+        soon as the play has kept their group's bundle (it does so early in its first play), but for
+        the bundle's `after_controller` services (a configless slurmd fetches its slurm.conf from
+        slurmctld, which starts at the play's end). after_configure hands the bundle over and the
+        join there starts those. On 2 cores that join work (users, files, munge, node exporter,
+        notice agent) fills the play's idle time instead of following it. A node whose early join
+        fails is reported and joined whole after the play, as it would be without this."""
+        if not self._booting:
+            yield
+            return
+        played = threading.Event()
+        self._joined_early = {}
+        # mtime is the kernel's coarse clock: a bundle this play writes is newer than a second ago.
+        since = time.time() - 1.0
+        worker = threading.Thread(target=self._join_early, args=(since, played), name="early-join", daemon=True)
+        worker.start()
+        try:
+            yield
+        finally:
+            played.set()
+            worker.join()
+
+    def _join_early(self, since: float, played: threading.Event) -> None:
+        try:
+            self._join_groups_early(since, played)
+        except Exception as exc:  # the joins after the play do it all: a failure here only costs time
+            say(f"    warning: joining nodes during the play stopped ({exc}); they join after it")
+
+    def _join_groups_early(self, since: float, played: threading.Event) -> None:
+        groups: dict[str, list[str]] = {}
+        for name in self._booting:
+            groups.setdefault(self.node(name).nodegroup, []).append(name)
+        while groups and not played.is_set():
+            for group in list(groups):
+                path = self.cluster.join_bundles / f"{group}.json"
+                with contextlib.suppress(FileNotFoundError):
+                    if path.stat().st_mtime >= since:
+                        self._join_group_early(groups.pop(group), path.read_bytes(), played)
+            played.wait(0.2)
+
+    def _join_group_early(self, names: list[str], bundle: bytes, played: threading.Event) -> None:
+        """Join a group's nodes as each has started and answers SSH (its systemd is up), until the
+        play ends (after_configure joins the rest). A node with a bundle of its own (a disk it
+        joined before) is not fresh: after_configure compares its bundle with the group's."""
+        held = json.loads(bundle).get("after_controller")
+        if held is None:  # roles from before the field: the whole join after the play
+            return
+        addresses, pending = self.addresses(), list(names)
+        while pending and not played.is_set():
+            done = [name for name in pending if self._starts[name].done()]
+            # A failed start is finish_provision's to report.
+            ready = [n for n in done if self._starts[n].exception() is None and machines.sshd_answers(addresses[n])]
+            pending = [n for n in pending if n not in ready and not (n in done and self._starts[n].exception())]
+            fresh = [name for name in ready if not (self._paths(name).root / JOIN_BUNDLE.lstrip("/")).exists()]
+            if fresh:
+                self._run_early_joins(fresh, bundle, held)
+            if pending:
+                played.wait(0.2)
+
+    def _run_early_joins(self, names: list[str], bundle: bytes, held: list[str]) -> None:
+        inits = machines.node_inits(self.machine_prefix)
+        nodes = {self.machine_name(name): name for name in names if self.machine_name(name) in inits}
+        # Staged, not at JOIN_BUNDLE: a node whose early join ended (or clusterbake with it) before
+        # after_configure released its held services has no bundle, so a next join applies it whole.
+        staged = [self._paths(name).root / EARLY_BUNDLE.lstrip("/") for name in nodes.values()]
+        for path in staged:
+            _write_private(path, bundle)
+        argv = [JOIN_PROGRAM, "--bundle", EARLY_BUNDLE, *(f"--hold={service}" for service in held)]
+        try:
+            results = machines.run_inside({machine: inits[machine] for machine in nodes}, argv)
+        finally:
+            for path in staged:
+                path.unlink(missing_ok=True)
+        joined = []
+        for machine, result in sorted(results.items()):
+            if result.returncode == 0:
+                joined.append(nodes[machine])
+                self._joined_early[nodes[machine]] = (bundle, held)
+            else:
+                say(f"    {nodes[machine]}: its join during the play failed ({_first_error(result)}); it joins after")
+        if joined:
+            say(f"    {hostlist.collect_hostlist(joined)} joined during the play, but for {', '.join(held)}")
 
     def finish_provision(self) -> None:
         """The compute nodes provision() started in the background are started (not yet booted:
@@ -350,11 +451,7 @@ class LocalProvider(Provider):
         bundle = self.cluster.join_bundles / f"{node.nodegroup}.json"
         if node.role != "compute" or not bundle.exists():
             return
-        target = root / "etc" / "clusterbake" / "node-join.json"
-        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(bundle.read_bytes())
+        _write_private(root / JOIN_BUNDLE.lstrip("/"), bundle.read_bytes())
 
     def _write_known_hosts(self) -> None:
         lines = []
@@ -460,37 +557,51 @@ class LocalProvider(Provider):
     def after_configure(self) -> list[str]:
         """Running compute nodes get their group's join bundle where theirs differs: the bundle
         written into the node's disk from here, then applied in the node (nsenter, in parallel): no
-        SSH and no Ansible. A node that boots later takes it from its disk."""
+        SSH and no Ansible. A node that boots later takes it from its disk. A node that joined
+        during the play with this bundle (configuring) only has its held services started."""
         self.finish_provision()
-        self.wait_ssh(list(self._booting))
+        early, self._joined_early = self._joined_early, {}
+        self.wait_ssh([name for name in self._booting if name not in early])
         self._booting = ()
         running = self.running_nodes()
         inits = machines.node_inits(self.machine_prefix)
         drifted: dict[str, int] = {}
+        held: dict[tuple[str, ...], dict[str, int]] = {}
         for node in self.nodes:
             path = self.cluster.join_bundles / f"{node.nodegroup}.json"
             machine = self.machine_name(node.name)
             if node.role != "compute" or node.name not in running or machine not in inits or not path.exists():
                 continue
+            bundle = path.read_bytes()
             target = self._paths(node.name).root / JOIN_BUNDLE.lstrip("/")
             try:
-                same = target.read_bytes() == path.read_bytes()
+                same = target.read_bytes() == bundle
             except OSError:
                 same = False
-            if not same:
-                self._hand_over_join_bundle(node.name, self._paths(node.name).root)
+            if same:
+                continue
+            self._hand_over_join_bundle(node.name, self._paths(node.name).root)
+            if node.name in early and early[node.name][0] == bundle:
+                held.setdefault(tuple(early[node.name][1]), {})[machine] = inits[machine]
+            else:
                 drifted[machine] = inits[machine]
-        if not drifted:
-            return []
-        results = machines.run_inside(drifted, [JOIN_PROGRAM, "--bundle", JOIN_BUNDLE])
+        results = machines.run_inside(drifted, [JOIN_PROGRAM, "--bundle", JOIN_BUNDLE]) if drifted else {}
+        for services, group_inits in held.items():
+            if services:
+                results |= machines.run_inside(group_inits, ["systemctl", "start", *services])
         broken = {m[len(self.machine_prefix) :]: r for m, r in results.items() if r.returncode != 0}
         if broken:
             raise ClusterbakeError(
                 "joining failed on " + "; ".join(f"{n}: {_first_error(r)}" for n, r in sorted(broken.items()))
             )
         applied = sorted(m[len(self.machine_prefix) :] for m in drifted)
-        say(f"    join bundle applied on {', '.join(applied)} (theirs differed)")
-        return [f"{name}: new join bundle applied" for name in applied]
+        released = sorted(m[len(self.machine_prefix) :] for group in held.values() for m in group)
+        if applied:
+            say(f"    join bundle applied on {', '.join(applied)} (theirs differed)")
+        for services, group in held.items():
+            names = [m[len(self.machine_prefix) :] for m in group]
+            say(f"    {hostlist.collect_hostlist(names)}: joined, {', '.join(services) or 'nothing'} started")
+        return [f"{name}: new join bundle applied" for name in applied + released]
 
     # --- power (the power agent's side: no SSH wait, no Slurm update) ------------------
 
