@@ -16,7 +16,8 @@ timed here (--cold times one).
 The peer (the galaxyproject Slurm role on the same nspawn nodes) cannot be installed
 here (no Ansible Galaxy or GitHub). Its figures come from the side-by-side run of issue 9
 (1+8: baseline 37.7 s vs peer 76.1 s; re-run 23.0 s vs 51.2 s); the ratio to the peer is
-*derived*: today's baseline / today's current x that day's peer / baseline ratio.
+*derived*: today's baseline / today's current x that day's peer / baseline ratio, and only when the
+baseline is that commit (734d907).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ SUBNET = "10.76.0.0/24"
 # the code of the commit before issue 9 against the galaxyproject Slurm role.
 PEER = {"cluster_up_s": 76.1, "rerun_s": 51.2}
 PEER_BASELINE = {"cluster_up_s": 37.7, "rerun_s": 23.0}
+# The code those baseline figures are of (the commit before issue 9): a ratio to the peer is derived
+# only from a baseline of this commit; against any other it would mean nothing.
+PEER_BASELINE_REV = "734d907"
 
 
 def log(message: str) -> None:
@@ -257,9 +261,11 @@ def main() -> int:
 
     current = Code("current", REPO / "src")
     codes = [current]
+    baseline_rev = ""
     if args.baseline:
-        rev = subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short=10", args.baseline], text=True)
-        codes.append(Code(f"baseline {rev.strip()}", baseline_worktree(rev.strip()) / "src"))
+        revision = ["git", "-C", str(REPO), "rev-parse", "--short=10", args.baseline]
+        baseline_rev = subprocess.check_output(revision, text=True).strip()
+        codes.append(Code(f"baseline {baseline_rev}", baseline_worktree(baseline_rev) / "src"))
     without = tuple(part for part in args.without.split(",") if part)
     unknown = set(without) - set(PARTS_OFF)
     if unknown:
@@ -319,6 +325,9 @@ def main() -> int:
         ratios = results["ratios"] = {}
         eight = results["clusters"].get("1+8", {})
         base = eight.get(codes[1].label) if len(codes) > 1 else None
+        peer_derivable = bool(args.baseline) and baseline_rev.startswith(PEER_BASELINE_REV)
+        if base and not peer_derivable:
+            log(f"no ratio to the peer: its figures are against {PEER_BASELINE_REV}, not this baseline")
         # Each current variant (as configured, and with `without` parts off) against the baseline
         # (the peer's figure derived from that day's peer/baseline ratio), and 1+32 against 1+8.
         for _, parts_off, label in variants:
@@ -330,7 +339,9 @@ def main() -> int:
                 for key, name in (("cluster_up_s", "cluster_up_to_all_idle"), ("rerun_s", "idempotent_rerun")):
                     speedup = base[name]["median_s"] / here[name]["median_s"]
                     ratios[f"1+8 {key} baseline/{suffix}"] = round(speedup, 2)
-                    ratios[f"1+8 {key} peer/{suffix} (derived)"] = round(speedup * PEER[key] / PEER_BASELINE[key], 2)
+                    if peer_derivable:
+                        derived = speedup * PEER[key] / PEER_BASELINE[key]
+                        ratios[f"1+8 {key} peer/{suffix} (derived)"] = round(derived, 2)
             big = results["clusters"].get("1+32", {}).get(label)
             if big:
                 ratio = big["cluster_up_to_all_idle"]["median_s"] / here["cluster_up_to_all_idle"]["median_s"]

@@ -106,6 +106,9 @@ def test_head_runs_mariadb_with_schedmds_settings_and_keeps_the_users_password(l
     # munge first (slurmdbd authenticates with it), then MariaDB before slurmdbd.
     services = local_db["bundles"]["head"]["services"]
     assert services.index("munge") < services.index("mariadb") < services.index("slurmdbd")
+    # No delayed ACKs on the head's own routes from before slurmdbd starts (its unit says so too).
+    assert services.index("clusterbake-tcp-quickack.service") < services.index("slurmdbd")
+    assert "clusterbake-tcp-quickack.service" not in local_db["bundles"]["cpu-1"]["services"]
 
 
 def test_the_password_reaches_no_compute_node_no_log_and_no_task_result(local_db):
@@ -143,6 +146,17 @@ def test_accounting_off_adds_nothing(tmp_path):
     off = play(tmp_path, {**ACCOUNTING, "enabled": False})
     assert "/etc/slurm/slurmdbd.conf" not in files(off["bundles"]["head"])
     assert "slurmdbd" not in off["bundles"]["head"]["services"]
+    assert "clusterbake-tcp-quickack.service" not in off["bundles"]["head"]["services"]
+
+
+def test_the_head_keeps_its_delayed_acks_when_told_to(tmp_path):
+    if not ANSIBLE_PLAYBOOK.exists():
+        pytest.skip("ansible-playbook is not in the venv (make venv)")
+    kept = join_run.play(
+        tmp_path, HOSTS, GROUPS, {"clusterbake_accounting": ACCOUNTING, "slurm_accounting_tcp_quickack": False}
+    )
+    services = kept["bundles"]["head"]["services"]
+    assert "slurmdbd" in services and "clusterbake-tcp-quickack.service" not in services
 
 
 # --- the registration program's plan --------------------------------------------------------

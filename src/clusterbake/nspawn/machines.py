@@ -101,6 +101,10 @@ def nspawn_argv(
     ]
     if netns:
         argv.insert(-1, f"--network-namespace-path=/run/netns/{netns}")
+        # Root administers the node's own network namespace, as on a VM and as nspawn's
+        # --private-network allows (which --network-namespace-path does not imply): the head sets
+        # route flags (role slurm_accounting's quickack). The host's namespace stays out of reach.
+        argv.insert(-1, "--capability=CAP_NET_ADMIN")
     for inside, host in sorted(binds.items()):
         argv.insert(-1, f"--bind={host}:{inside}")
     for inside, host in sorted((readonly_binds or {}).items()):
