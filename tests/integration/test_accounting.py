@@ -27,6 +27,17 @@ def sacct(job_id: str) -> dict[str, str]:
     return dict(zip(fields.split(","), out.split("|"), strict=True)) if out else {}
 
 
+def listening_on(ss_output: str, port: int) -> list[str]:
+    """The addresses of `ss -Htln`'s listening TCP sockets on `port`."""
+    found = []
+    for line in ss_output.splitlines():
+        local = line.split()[3]  # State Recv-Q Send-Q Local:Port Peer:Port
+        address, _, local_port = local.rpartition(":")
+        if local_port == str(port):
+            found.append(address)
+    return found
+
+
 def test_slurmdbd_and_mariadb_run_on_the_head_only(cluster):
     assert on("head", "systemctl is-active mariadb slurmdbd slurmctld").stdout.split() == ["active"] * 3
     assert on("head", "stat -c '%a %U:%G' /etc/slurm/slurmdbd.conf").stdout.strip() == "600 slurm:slurm"
@@ -35,11 +46,14 @@ def test_slurmdbd_and_mariadb_run_on_the_head_only(cluster):
         "head", "mariadb -N -e 'SELECT @@innodb_buffer_pool_size, @@innodb_log_file_size, @@innodb_lock_wait_timeout'"
     ).stdout.split()
     assert int(pool) >= 204 * 2**20 and int(log_size) == 128 * 2**20 and lock_wait == "900"
-    # MariaDB listens to the head itself only.
+    # MariaDB listens to the head itself only: its setting, and the sockets really open (systemd's
+    # socket activation, on in the package, would listen on every address whatever the setting).
     assert on("head", "mariadb -N -e 'SELECT @@bind_address'").stdout.strip() == "127.0.0.1"
+    assert listening_on(on("head", "ss -Htln").stdout, 3306) == ["127.0.0.1"]
     for node in ("cpu-1", "cpu-2"):
         assert on(node, "test -e /etc/slurm/slurmdbd.conf", check=False).returncode != 0
         assert on(node, "systemctl is-active mariadb slurmdbd", check=False).stdout.split() == ["inactive"] * 2
+        assert listening_on(on(node, "ss -Htln").stdout, 3306) == []
 
 
 def test_the_heads_own_routes_ack_at_once(cluster):
