@@ -20,10 +20,12 @@ import yaml
 from playbook_run import playbook_env, run_playbook
 
 FAKE_JOIN = """#!{python}
-# Keeps the bundle it gets on stdin at --bundle, as clusterbake-node-join --install does.
+# Keeps the bundle it gets on stdin at --bundle, as clusterbake-node-join --install does, and the
+# arguments it was given beside it (<bundle>.argv.json).
 import json, sys
 path = sys.argv[sys.argv.index("--bundle") + 1]
 open(path, "w").write(sys.stdin.read())
+open(path + ".argv.json", "w").write(json.dumps(sys.argv[1:]))
 print(json.dumps({{"changed": []}}))
 """
 SPEC = {"cpus": 2, "sockets": 1, "cores_per_socket": 2, "threads_per_core": 1, "gres": [], "features": []}
@@ -72,7 +74,11 @@ def play(tmp: Path, hosts: dict[str, dict], groups: dict[str, list[str]], variab
     proc = run_playbook("join.yml", tmp / "inventory.yml", playbook_env(tmp, tmp / "bin", record), "-v")
     return {
         "password": password,
-        "bundles": {p.stem: json.loads(p.read_text()) for p in (tmp / "bundles").glob("*.json")},
+        "bundles": {
+            p.stem: json.loads(p.read_text()) for p in (tmp / "bundles").glob("*.json") if ".argv" not in p.name
+        },
+        # The join program's arguments on each host Ansible joined.
+        "argv": {p.name.split(".")[0]: json.loads(p.read_text()) for p in (tmp / "bundles").glob("*.argv.json")},
         "output": proc.stdout + proc.stderr,
         "records": record.read_text(),
     }

@@ -58,6 +58,11 @@ def test_the_head_bundle_carries_the_power_program_settings(tmp_path):
     result = play(tmp_path, hosts, groups, {**VARIABLES, "clusterbake_recovery": {"reconcile_interval": 7}})
     head = files(result["bundles"]["head"])
     assert set(head) >= POWER_FILES
+    # The reconcile timer: enabled by the head's join, started by the controller play (with slurmctld).
+    held = ["clusterbake-power-reconcile.timer", "slurmctld"]
+    assert result["bundles"]["head"]["after_controller"] == held
+    assert set(held) <= set(result["bundles"]["head"]["services"])
+    assert [a for a in result["argv"]["head"] if a.startswith("--hold")] == [f"--hold={s}" for s in held]
     settings = head["/etc/clusterbake/power.json"]
     assert (settings["mode"], settings["owner"], settings["group"]) == ("0640", "root", "slurm")
     power = json.loads(settings["text"])
@@ -74,15 +79,21 @@ def test_the_head_bundle_carries_the_power_program_settings(tmp_path):
 def test_nothing_to_reconcile_gives_the_head_only_the_interval(tmp_path):
     hosts = {**HOSTS, "cpu-1": {**HOSTS["cpu-1"], "clusterbake_elastic": False}}
     variables = {**VARIABLES, "clusterbake_recovery": {"replace_lost_nodes": False}}
-    head = files(play(tmp_path, hosts, GROUPS, variables)["bundles"]["head"])
+    result = play(tmp_path, hosts, GROUPS, variables)
+    head = files(result["bundles"]["head"])
     assert POWER_FILES & set(head) == {"/etc/systemd/system/clusterbake-power-reconcile.timer.d/interval.conf"}
+    # No timer to enable: the head's join holds slurmctld only.
+    assert "clusterbake-power-reconcile.timer" not in result["bundles"]["head"]["services"]
+    assert result["bundles"]["head"]["after_controller"] == ["slurmctld"]
+    assert [a for a in result["argv"]["head"] if a.startswith("--hold")] == ["--hold=slurmctld"]
 
 
 def test_in_one_play_the_head_gets_no_compute_part(tmp_path):
     """ansible/cluster.yml joins the head and renders the compute bundles in one play: a compute-only
     part (configless slurmd, health checks, notice agent) must not reach the head's bundle, as a
     run_once fact would (it is set on every host of the play)."""
-    bundles = play(tmp_path, HOSTS, GROUPS, VARIABLES)["bundles"]
+    result = play(tmp_path, HOSTS, GROUPS, VARIABLES)
+    bundles = result["bundles"]
     compute_only_files = {
         "/etc/default/slurmd",
         "/etc/clusterbake/slurmd-restart.digest",
@@ -97,6 +108,12 @@ def test_in_one_play_the_head_gets_no_compute_part(tmp_path):
     # What talks to slurmctld as it starts: the local provider joins a compute node during the play
     # but for these, which it starts once slurmctld runs.
     assert bundles["cpu-1"]["after_controller"] == ["slurmd", "clusterbake-health.timer"]
-    assert bundles["head"]["after_controller"] == []
+    # The head's: enabled by its join, started by the controller play once slurm.conf is written.
+    assert bundles["head"]["after_controller"] == ["slurmctld"]
+    assert "slurmctld" in bundles["head"]["services"]
+    assert [a for a in result["argv"]["head"] if a.startswith("--hold")] == ["--hold=slurmctld"]
+    # A compute node Ansible joins (join_after_controller: once slurmctld runs) holds nothing.
+    assert result["argv"]["cpu-1"][:1] == ["--install"]
+    assert not [a for a in result["argv"]["cpu-1"] if a.startswith("--hold")]
     # The parts both have are the same (run_once parts, rendered once for the play).
     assert files(bundles["head"])["/etc/hosts"] == files(bundles["cpu-1"])["/etc/hosts"]
