@@ -87,3 +87,29 @@ def test_an_unprovisioned_cluster_has_nothing_to_replace(moto, network, tmp_path
     provider = AwsProvider(load_config(config), StateDir(tmp_path))
     with pytest.raises(ClusterbakeError, match="never provisioned"):
         provider.replace_node("gpu-1")
+
+
+def test_a_node_the_head_relaunched_meanwhile_is_started_once(moto, demo, monkeypatch):
+    """`node start` of a node whose instance is gone while the head's reconcile loop replaces it too
+    (recovery.replace_lost_nodes): the head's instance takes the node's address between the provider's
+    look and its own launch, which EC2 then refuses (InvalidIPAddress.InUse, as the twin's moto does).
+    The node runs, as `node start` asked: one instance, at its address, and no error."""
+    ec2 = moto.ec2()
+    provider = AwsProvider(load_config(demo["path"]), StateDir(demo["state_dir"]))
+    # The Slurm side needs the head's slurmctld, which moto has not: record what it is told.
+    told = []
+    monkeypatch.setattr(provider, "tell_slurm_down", lambda name, reason: told.append(name))
+    old = by_name(ec2)["gpu-1"]
+    ec2.terminate_instances(InstanceIds=[old["InstanceId"]])
+
+    def the_head_launches_first(params, **_):
+        # The same request from the head (its own client), just before the provider's is sent.
+        provider.client.meta.events.unregister("provide-client-params.ec2.RunInstances", the_head_launches_first)
+        ec2.run_instances(**params)
+
+    provider.client.meta.events.register("provide-client-params.ec2.RunInstances", the_head_launches_first)
+    provider.start_node("gpu-1")
+    instances = [i for i in live_instances(ec2, CLUSTER) if tag_map(i)["clusterbake:name"] == "gpu-1"]
+    assert len(instances) == 1 and instances[0]["InstanceId"] != old["InstanceId"]
+    assert instances[0]["PrivateIpAddress"] == old["PrivateIpAddress"]
+    assert told == ["gpu-1"]

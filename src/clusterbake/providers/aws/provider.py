@@ -484,16 +484,22 @@ class AwsProvider(Provider):
         templates = {node.nodegroup: (template["id"], template["version"])}
         say(f"    node {name}: no instance, launching a replacement")
         existing = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name), warn=False)
-        if reason and existing.get(name, {}).get("State", {}).get("Name") in ("pending", "running"):
-            # The head's reconcile loop (recovery.replace_lost_nodes) launched it meanwhile.
-            say(f"    node {name}: the head has launched its replacement already")
+        if reason and self._launched_by_the_head(name, existing):
             return
         # An elastic node's state is Slurm's (powered down, or being powered up); a node replaced on
         # purpose (reason None) was drained by whoever replaced it.
         if not node.elastic and reason:
             self.tell_slurm_down(name, reason)
         addresses = self.addresses(existing)
-        self._launch([node], templates, state["security_group"], addresses)
+        try:
+            self._launch([node], templates, state["security_group"], addresses)
+        except ClusterbakeError:
+            # The head's loop may have launched it between that look and this launch, which EC2 then
+            # refuses (InvalidIPAddress.InUse: the address is its instance's).
+            current = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name), warn=False)
+            if reason and self._launched_by_the_head(name, current):
+                return
+            raise
         self._forget_replaced_hosts()
         self._write_state(
             state["image"],
@@ -502,6 +508,15 @@ class AwsProvider(Provider):
             state.get("storage", {}),
             addresses,
         )
+
+    @staticmethod
+    def _launched_by_the_head(name: str, instances: dict) -> bool:
+        """Whether the node has a live instance already: the head's reconcile loop
+        (recovery.replace_lost_nodes) replaced it too."""
+        if instances.get(name, {}).get("State", {}).get("Name") not in ("pending", "running"):
+            return False
+        say(f"    node {name}: the head has launched its replacement already")
+        return True
 
     @staticmethod
     def _recorded_templates(state: dict) -> dict[str, tuple[str, str]]:
