@@ -484,7 +484,7 @@ class AwsProvider(Provider):
         templates = {node.nodegroup: (template["id"], template["version"])}
         say(f"    node {name}: no instance, launching a replacement")
         existing = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name), warn=False)
-        if reason and self._launched_by_the_head(name, existing):
+        if reason and self._launched_by_the_head(name, existing.get(name)):
             return
         # An elastic node's state is Slurm's (powered down, or being powered up); a node replaced on
         # purpose (reason None) was drained by whoever replaced it.
@@ -496,8 +496,7 @@ class AwsProvider(Provider):
         except ClusterbakeError:
             # The head's loop may have launched it between that look and this launch, which EC2 then
             # refuses (InvalidIPAddress.InUse: the address is its instance's).
-            current = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name), warn=False)
-            if reason and self._launched_by_the_head(name, current):
+            if reason and self._launched_by_the_head(name, self._instance(name)):
                 return
             raise
         self._forget_replaced_hosts()
@@ -510,10 +509,10 @@ class AwsProvider(Provider):
         )
 
     @staticmethod
-    def _launched_by_the_head(name: str, instances: dict) -> bool:
-        """Whether the node has a live instance already: the head's reconcile loop
+    def _launched_by_the_head(name: str, instance: dict | None) -> bool:
+        """Whether the node's instance is live already: the head's reconcile loop
         (recovery.replace_lost_nodes) replaced it too."""
-        if instances.get(name, {}).get("State", {}).get("Name") not in ("pending", "running"):
+        if (instance or {}).get("State", {}).get("Name") not in ("pending", "running"):
             return False
         say(f"    node {name}: the head has launched its replacement already")
         return True
