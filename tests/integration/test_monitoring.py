@@ -66,13 +66,21 @@ def test_prometheus_answers_a_query_for_idle_nodes(monitored):
     assert value("slurm_cpus_total") == 2 and value("slurm_exporter_up") == 1
 
 
+def service_targets() -> dict[str, str]:
+    targets = api("/api/v1/targets", state="active")["activeTargets"]
+    return {t["labels"]["job"]: t["health"] for t in targets if t["labels"]["job"] in ("prometheus", "slurm")}
+
+
+def first_scrapes_done() -> bool:
+    return "unknown" not in service_targets().values()
+
+
 def test_every_running_node_exports_and_the_powered_down_one_is_no_target(monitored):
     wait_for("head and cpu-1 scraped", lambda: node_targets() == {"head": "up", "cpu-1": "up"}, 90, node_targets)
-    targets = api("/api/v1/targets", state="active")["activeTargets"]
-    assert {t["labels"]["job"]: t["health"] for t in targets if t["labels"]["job"] in ("prometheus", "slurm")} == {
-        "prometheus": "up",
-        "slurm": "up",
-    }
+    # A target is "unknown" until its first scrape, which may come up to a scrape interval after
+    # the nodes' own: wait for each one's first answer, then it must be up.
+    wait_for("Prometheus and the Slurm exporter scraped", first_scrapes_done, 90, service_targets)
+    assert service_targets() == {"prometheus": "up", "slurm": "up"}
     for node in ("head", "cpu-1"):
         assert on(node, "systemctl is-active prometheus-node-exporter", config=CONFIG).stdout.strip() == "active"
     assert head("systemctl is-active prometheus clusterbake-slurm-exporter").stdout.split() == ["active", "active"]
