@@ -342,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def log(event: str, **fields: object) -> None:
         if rank == 0:
-            print(format_event(event, **fields), flush=True)
+            # One write with its newline: print() makes two when output is unbuffered, and
+            # another rank's line could land between them.
+            sys.stdout.write(format_event(event, **fields) + "\n")
+            sys.stdout.flush()
 
     def agree(flag: bool) -> bool:
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)

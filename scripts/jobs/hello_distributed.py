@@ -32,7 +32,9 @@ def main() -> int:
         "backend": dist.get_backend(),
         "hosts": hosts if rank == 0 else None,
     }
-    print(f"CLUSTERBAKE_EVENT {json.dumps(event)}", flush=True)
+    # One write with its newline (print() makes two when unbuffered, and ranks share the log).
+    sys.stdout.write(f"CLUSTERBAKE_EVENT {json.dumps(event)}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
     return 0 if ok else 1
 

@@ -40,11 +40,13 @@ _OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<provider>[\w;-]
 _NET_INIT = re.compile(r"NCCL INFO NET/(?P<net>IB|Socket) : Using (?P<devices>.+)")
 # No net plugin was loaded, so NCCL runs its own IB or Socket transport (net.cc): NCCL 2.21
 # "NET/Plugin: No plugin found (libnccl-net.so)" ... "NET/Plugin: Using internal network
-# plugin."; 2.23 and later "NET/Plugin: Could not find: libnccl-net.so. Using internal network
-# plugin." ("TUNER/Plugin: ..." lines are about the tuner, not the network).
-_PLUGIN_INTERNAL = re.compile(r"\bNET/Plugin: .*Using internal network plugin")
+# plugin."; 2.23 "NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.";
+# 2.28 "NET/Plugin: Could not find: libnccl-net.so" alone, then "Initialized NET plugin Socket"
+# (or IB) for the first of its own that starts (captured on an H200, tests/unit/data/
+# captured-h200). "TUNER/Plugin: ..." lines are about the tuner, not the network.
+_PLUGIN_INTERNAL = re.compile(r"\bNET/Plugin: .*Using internal network plugin|\bInitialized NET plugin (?:IB|Socket)$")
 _PLUGIN_MISSING = re.compile(
-    r"\bNET/Plugin: (?:No plugin found \((?P<name>[^)]+)\)|Could not find: (?P<names>.+?)\. Using)"
+    r"\bNET/Plugin: (?:No plugin found \((?P<name>[^)]+)\)|Could not find: (?P<names>.+?)(?:\. Using|$))"
 )
 # NCCL_NET named a network that no loaded plugin provides; NCCL stops (net.cc).
 _NET_NOT_FOUND = re.compile(r"NCCL WARN Error: network (?P<net>.*?) not found\.")
@@ -71,15 +73,24 @@ class Transport:
         return asdict(self)
 
 
+_JSON = json.JSONDecoder()
+
+
 def events(log: str) -> list[dict]:
+    """Every event in the log. Ranks write to one file: with unbuffered output (PYTHONUNBUFFERED,
+    `python -u`) print() writes the line and its newline separately, so one rank's event can
+    end up on another's line ("...}CLUSTERBAKE_EVENT {..."): each event is read where it starts."""
     found = []
     for line in log.splitlines():
-        _, sep, payload = line.partition(EVENT_PREFIX)
-        if sep:
+        start = line.find(EVENT_PREFIX)
+        while start != -1:
             try:
-                found.append(json.loads(payload))
+                event, _ = _JSON.raw_decode(line, start + len(EVENT_PREFIX))
             except json.JSONDecodeError:
-                continue
+                event = None
+            if isinstance(event, dict):
+                found.append(event)
+            start = line.find(EVENT_PREFIX, start + len(EVENT_PREFIX))
     return found
 
 
@@ -146,9 +157,9 @@ def _nccl_transport(lines: list[str]) -> tuple[str, str, bool] | None:
 
 def _net_plugin_problem(lines: list[str]) -> str:
     """What NCCL said about loading no net plugin ("" when it loaded one or said nothing)."""
-    if not any(_PLUGIN_INTERNAL.search(line) for line in lines):
+    if not any(_PLUGIN_INTERNAL.search(line.rstrip()) for line in lines):
         return ""
-    missing = next((m for line in lines if (m := _PLUGIN_MISSING.search(line))), None)
+    missing = next((m for line in lines if (m := _PLUGIN_MISSING.search(line.rstrip()))), None)
     names = (missing["name"] or missing["names"]) if missing else "libnccl-net.so"
     return f"NCCL loaded no net plugin ({names} not found) and used its own IB/Socket transports"
 

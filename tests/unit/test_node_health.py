@@ -176,6 +176,15 @@ def test_eight_healthy_gpus_pass_and_a_harmless_xid_is_ignored(health):
     assert (result.returncode, updates) == (0, []), result.stdout
 
 
+def test_the_h200s_captured_answer_passes_for_its_one_gpu_and_not_for_eight(health):
+    # nvidia-smi-h200.csv is the query's real answer on an H200 VM (data/captured-h200).
+    fakes = {"nvidia-smi": {"file": "nvidia-smi-h200.csv"}, "journalctl": {"out": "-- No entries --\n"}}
+    result, updates, _ = health({**GPU, "gpus": 1}, fakes)
+    assert (result.returncode, updates) == (0, []), result.stdout
+    _, updates, _ = health(GPU, fakes)
+    assert drain_of(updates) == "clusterbake-health: 1 of 8 GPUs visible (nvidia-smi)"
+
+
 def test_placeholder_gpus_are_not_checked(health):
     result, _, calls = health({"gpus": 0})
     assert result.returncode == 0
