@@ -26,7 +26,7 @@ import json, sys
 path = sys.argv[sys.argv.index("--bundle") + 1]
 open(path, "w").write(sys.stdin.read())
 open(path + ".argv.json", "w").write(json.dumps(sys.argv[1:]))
-print(json.dumps({{"changed": []}}))
+print(json.dumps({{"changed": [], "restart_held": []}}))
 """
 SPEC = {"cpus": 2, "sockets": 1, "cores_per_socket": 2, "threads_per_core": 1, "gres": [], "features": []}
 

@@ -117,3 +117,23 @@ def test_in_one_play_the_head_gets_no_compute_part(tmp_path):
     assert not [a for a in result["argv"]["cpu-1"] if a.startswith("--hold")]
     # The parts both have are the same (run_once parts, rendered once for the play).
     assert files(bundles["head"])["/etc/hosts"] == files(bundles["cpu-1"])["/etc/hosts"]
+
+
+def test_the_heads_join_writes_the_slurm_config_and_a_restart_digest_for_slurmctld(tmp_path):
+    """slurm.conf, cgroup.conf and the StateSaveLocation come with the head's join (one remote task),
+    gres.conf is removed when no node has GPUs, and slurmctld's restart digest is the one the compute
+    nodes' slurmd digest files carry (a change restarts both)."""
+    result = play(tmp_path, HOSTS, GROUPS, VARIABLES)
+    head, compute = result["bundles"]["head"], result["bundles"]["cpu-1"]
+    written = files(head)
+    assert "NodeName=cpu-1 " in written["/etc/slurm/slurm.conf"]["text"]
+    assert written["/etc/slurm/cgroup.conf"]["text"].startswith("# Managed by clusterbake")
+    digest = written["/etc/clusterbake/slurmctld-restart.digest"]
+    assert (digest["restart"], digest["restart_on_create"]) == (["slurmctld"], False)
+    assert digest["text"] == files(compute)["/etc/clusterbake/slurmd-restart.digest"]["text"]
+    assert len(digest["text"]) == 64
+    assert head["absent"] == [{"path": "/etc/slurm/gres.conf"}]
+    assert head["directories"] == [{"path": "/var/spool/slurmctld", "owner": "slurm", "group": "slurm", "mode": "0700"}]
+    # A compute node gets none of it: its slurmd fetches the config from slurmctld.
+    assert not {path for path in files(compute) if path.startswith("/etc/slurm/")}
+    assert (compute["directories"], compute["absent"]) == ([], [])

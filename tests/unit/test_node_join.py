@@ -92,6 +92,45 @@ def test_changed_mode_is_repaired(root, tmp_path):
     assert (root / "etc/secret.key").stat().st_mode & 0o777 == 0o400
 
 
+def test_directories_are_made_and_repaired_and_absent_files_removed(root, tmp_path):
+    """The head's slurm part: StateSaveLocation as a directory, gres.conf removed once no node has GPUs."""
+    state = {"path": "/var/spool/slurmctld", "owner": "alice", "group": "alice", "mode": "0700"}
+    (root / "etc/slurm").mkdir()
+    (root / "etc/slurm/gres.conf").write_text("NodeName=gpu-1 Name=gpu File=/dev/nvidia0\n")
+    data = bundle(directories=[state], absent=[{"path": "/etc/slurm/gres.conf"}, {"path": "/etc/slurm/none.conf"}])
+    first = changed(join(root, data, tmp_path))
+    assert "directory /var/spool/slurmctld" in first and "removed /etc/slurm/gres.conf" in first
+    assert not [entry for entry in first if "none.conf" in entry]  # never there: nothing to say
+    assert (root / "var/spool/slurmctld").stat().st_mode & 0o7777 == 0o700
+    assert not (root / "etc/slurm/gres.conf").exists()
+    assert changed(join(root, data, tmp_path)) == []
+    (root / "var/spool/slurmctld").chmod(0o755)
+    assert changed(join(root, data, tmp_path)) == ["directory /var/spool/slurmctld (owner, mode)"]
+    assert (root / "var/spool/slurmctld").stat().st_mode & 0o7777 == 0o700
+
+
+def test_a_digest_restarts_its_service_when_it_replaces_one_not_when_it_is_new(root):
+    """restart_on_create: false (the head's slurmctld restart digest): a first digest says nothing about
+    what the running daemon read; a different one later does."""
+    digest = {"path": "/etc/clusterbake/d.digest", "mode": "0644", "restart": ["slurmctld"], "restart_on_create": False}
+    node = program.Node(root, boot=False)
+    node.write_file({**digest, "content_b64": b64("one")})
+    assert node.restart == set()
+    node.write_file({**digest, "content_b64": b64("two")})
+    assert node.restart == {"slurmctld"}
+
+
+def test_a_held_running_service_whose_file_changed_is_reported_for_the_caller_to_restart(root, systemd):
+    (systemd.state / "enabled" / "slurmctld").touch()
+    (systemd.state / "active" / "slurmctld").touch()
+    node = program.Node(root, boot=False, hold=["slurmctld"])
+    node.live = True
+    node.restart.add("slurmctld")
+    node.services(["slurmctld"])
+    assert node.restart_held == ["slurmctld"]
+    assert not [call for call in systemd() if "restart" in call]
+
+
 def test_uid_conflict_is_an_error_not_a_silent_change(root, tmp_path):
     users = [{"name": "alice", "uid": os.getuid() + 1, "gid": os.getgid()}]
     result = join(root, bundle(users=users), tmp_path)
