@@ -441,3 +441,24 @@ def test_a_unit_systemctl_prints_no_state_for_is_asked_about_alone(root, systemd
         "systemctl is-enabled --quiet munge",
         "systemctl is-enabled --quiet slurmd",
     ]
+
+
+def test_keep_writes_the_bundle_privately_and_applies_nothing(root, tmp_path):
+    """--keep: the controller's copy of a self-joining group's bundle, written where providers read it."""
+    kept = tmp_path / "bundles" / "cpu.json"
+    text = json.dumps(bundle()) + "\n"
+
+    def keep(stdin: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, PROGRAM, "--root", str(root), "--keep", str(kept)],
+            input=stdin,
+            capture_output=True,
+            text=True,
+        )
+
+    assert changed(keep(text)) == ["kept bundle"]
+    assert kept.read_text() == text and kept.stat().st_mode & 0o777 == 0o600
+    assert not (root / "etc/hosts").exists()  # nothing applied
+    assert changed(keep(text)) == []
+    refused = keep("not json")
+    assert refused.returncode == 1 and kept.read_text() == text
