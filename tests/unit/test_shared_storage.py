@@ -82,6 +82,11 @@ echo "$@" >> {log}
 """
 
 
+# What the plan gives every compute host (the head's slurm.conf, which its bundle carries, lists them).
+SLURM_NODE = {"cpus": 2, "sockets": 1, "cores_per_socket": 2, "threads_per_core": 1, "real_memory": 4096,
+              "gres": [], "features": []}  # fmt: skip
+
+
 def inventory(tmp: Path) -> dict:
     entries = [dict(e, mount_point=f"{tmp}/fs{e['mount_point']}") for e in STORAGE]
     return {
@@ -102,8 +107,13 @@ def inventory(tmp: Path) -> dict:
             },
             "hosts": {
                 "head": {"ansible_host": HEAD, "clusterbake_nodegroup": "head"},
-                "cpu-1": {"ansible_host": CPU, "clusterbake_nodegroup": "cpu"},
-                "gpu-1": {"ansible_host": GPU, "clusterbake_nodegroup": "gpu", "lustre_client_mounts": GROUP_LUSTRE},
+                "cpu-1": {"ansible_host": CPU, "clusterbake_nodegroup": "cpu", "clusterbake_slurm_node": SLURM_NODE},
+                "gpu-1": {
+                    "ansible_host": GPU,
+                    "clusterbake_nodegroup": "gpu",
+                    "clusterbake_slurm_node": SLURM_NODE,
+                    "lustre_client_mounts": GROUP_LUSTRE,
+                },
             },
             "children": {
                 "slurm_head": {"hosts": {"head": {}}},
