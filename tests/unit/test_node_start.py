@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stat
 import subprocess
+from pathlib import Path
 
 from clusterbake.nspawn import machines
 from clusterbake.providers.local.provider import write_host_keys
@@ -49,3 +50,16 @@ def test_the_start_shell_runs_nothing_when_a_cgroup_cannot_be_entered(tmp_path):
     argv = [machines.SH, "-c", machines.ENTER_CGROUPS, "sh", str(missing), "--", "touch", str(marker)]
     assert subprocess.run(argv, capture_output=True).returncode != 0
     assert not marker.exists()
+
+
+def test_masking_in_a_node_root_links_to_dev_null_and_repeats_harmlessly(tmp_path):
+    units = tmp_path / "etc/systemd/system"
+    units.mkdir(parents=True)
+    (units / "fstrim.timer").write_text("[Timer]\n")  # a unit file the node's root had: replaced
+    (units / "kept.service").write_text("[Service]\n")
+    for _ in range(2):
+        machines.mask_in_root(tmp_path, generators=("systemd-sysv-generator",), units=("fstrim.timer", "a.mount"))
+    for path in (tmp_path / "etc/systemd/system-generators/systemd-sysv-generator", units / "fstrim.timer"):
+        assert path.is_symlink() and str(path.readlink()) == "/dev/null"
+    assert (units / "a.mount").readlink() == Path("/dev/null")
+    assert (units / "kept.service").read_text() == "[Service]\n"

@@ -63,6 +63,19 @@ def _write_private(target: Path, data: bytes) -> None:
         handle.write(data)
 
 
+# A local cluster's storage is host directories bound into its nodes (`hostdir`, the only kind the
+# local provider takes), and this host's kernel has no NFS: the NFS client stack the image carries
+# for the clouds (rpcbind, statd's reboot notice, the rpc_pipefs mount, which fails in a container)
+# would only cost each node's boot.
+NFS_GENERATORS = ("nfs-server-generator", "rpc-pipefs-generator")
+NFS_UNITS = (
+    "nfs-client.target",
+    "rpcbind.service",
+    "rpcbind.socket",
+    "rpc-statd-notify.service",
+    "var-lib-nfs-rpc_pipefs.mount",
+    "run-rpc_pipefs.mount",
+)
 NVIDIA_MAJOR = 195  # the character device major number of NVIDIA's GPU devices
 # Compute nodes started at once by `cluster up`: each start is mostly waiting on `ip`, mount and
 # nspawn processes, which overlap; more than a few only crowd 2 cores.
@@ -381,6 +394,9 @@ class LocalProvider(Provider):
         if current is None:
             self._image_record(name).write_text(f"{image}\n")
         self._personalize(name, paths.root)
+        machines.mask_in_root(
+            paths.root, machines.CONTAINER_IDLE_GENERATORS + NFS_GENERATORS, machines.CONTAINER_IDLE_UNITS + NFS_UNITS
+        )
         self._hand_over_join_bundle(name, paths.root)
         init_args = []
         if name in self.injected("boot-fail"):
