@@ -72,27 +72,15 @@ lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
 	packer fmt -check packer
 	scripts/packer-validate
 
-# Tests that need no node run on every core (pytest-xdist, one worker per test file); the ones
-# that boot nodes share the host's bridges and images, so they run one at a time, after them.
-# The images the node tests boot (the suite's, the EC2 and Azure twins') build meanwhile, one
-# after the other (the image store takes one build at a time); the node tests find them built.
+# `make test` is tests/suite.py: the node-less tests on every core (pytest-xdist) while the images
+# the node tests boot build in the background (the suite's, then each twin's as a layer on it);
+# then the node tests in lanes side by side (each lane's clusters on their own bridges), and a
+# module that changes the host for every cluster alone after them. It ends with the time table
+# (build/test-times.json: phases, lanes, modules, fixtures, cluster boots); lane logs in build/.
 OFFLINE_TESTS := tests/unit tests/aws tests/azure
-NODE_TESTS := tests/integration tests/twin
-TEST_IMAGES_LOG := build/test-images.log
-TEST_IMAGES := $(VENV)/bin/clusterbake --config tests/integration/cluster.yaml image build \
-	&& $(VENV)/bin/clusterbake twin image aws && $(VENV)/bin/clusterbake twin image azure
 
-test: deps venv ## Unit and integration tests (builds the images they boot alongside the node-less tests)
-	@mkdir -p build
-	status=0; \
-	echo "==> the node tests' images build in the background; log: $(TEST_IMAGES_LOG)"; \
-	( $(TEST_IMAGES) ) >$(TEST_IMAGES_LOG) 2>&1 & images=$$!; \
-	$(VENV)/bin/pytest -v -n auto --dist loadfile --durations=20 $(OFFLINE_TESTS) || status=$$?; \
-	if wait $$images; then echo "==> the node tests' images are built"; \
-	else echo "==> an image build failed (the node tests will say which); end of $(TEST_IMAGES_LOG):"; \
-	  tail -n 40 $(TEST_IMAGES_LOG); fi; \
-	$(VENV)/bin/pytest -v --durations=30 $(NODE_TESTS) || status=$$?; \
-	exit $$status
+test: deps venv ## Unit and integration tests (builds the images they boot), then the time table
+	$(VENV)/bin/python tests/suite.py
 
 test-unit: venv ## Unit tests only (no root, no nodes)
 	$(VENV)/bin/pytest -v -n auto --dist loadfile $(OFFLINE_TESTS)

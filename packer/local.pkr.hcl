@@ -24,6 +24,12 @@ variable "ansible_groups" {
   description = "Inventory groups of the builder: they switch components on (features as groups)."
 }
 
+variable "ansible_tags" {
+  type        = list(string)
+  default     = []
+  description = "Only the tasks of ansible/image.yml with these tags (and those tagged always); empty: all. A layer on a baked image runs the roles of the groups it adds (their tags)."
+}
+
 source "null" "local" {
   communicator         = "ssh"
   ssh_host             = var.builder_ssh_host
@@ -42,7 +48,7 @@ build {
     user             = "root"
     use_proxy        = false
     groups           = var.ansible_groups
-    extra_arguments  = ["--extra-vars", "@${var.image_vars_file}"]
+    extra_arguments  = concat(["--extra-vars", "@${var.image_vars_file}"], length(var.ansible_tags) > 0 ? ["--tags", join(",", var.ansible_tags)] : [])
     ansible_env_vars = ["ANSIBLE_CONFIG=${path.root}/../ansible/ansible.cfg", "ANSIBLE_HOST_KEY_CHECKING=False"]
   }
 }

@@ -9,6 +9,7 @@ import os
 
 import pytest
 from localtest import CONFIG, cb, run
+from timetable import boots_cluster
 
 
 def pytest_collection_modifyitems(config, items):
@@ -28,8 +29,11 @@ def image():
     return result.stderr
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
+@boots_cluster("local 1+2 (cluster.yaml)")
 def cluster(image):
+    """The suite's local cluster, shared by the modules that read it (each test leaves it as it found
+    it); the test that ends it runs last (`ends_shared_cluster`)."""
     result = run(["make", "cluster", f"CONFIG={CONFIG}"], timeout=600)
     yield result
     run(["make", "destroy", f"CONFIG={CONFIG}"], timeout=300)

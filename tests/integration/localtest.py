@@ -4,9 +4,12 @@
 and `from conftest import ...` would find whichever was imported first.)
 """
 
+import functools
 import os
 import subprocess
 from pathlib import Path
+
+from nodeshell import run_on
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "tests" / "integration" / "cluster.yaml"
@@ -29,6 +32,15 @@ def cb(*args, config=CONFIG, **kwargs):
     return run([*CB, "--config", str(config), *args], **kwargs)
 
 
+@functools.cache
+def _provider(config: str):
+    from clusterbake.config import load_config
+    from clusterbake.providers import get_provider
+
+    return get_provider(load_config(Path(config)))
+
+
 def on(node, command, config=CONFIG, **kwargs):
-    """Run a shell command on a node of a test cluster (via `clusterbake ssh`)."""
-    return cb("ssh", node, "--", command, config=config, **kwargs)
+    """A shell command on a node of a test cluster (nodeshell: as `clusterbake ssh` runs it, over a
+    connection kept open); kwargs: check, timeout, input."""
+    return run_on(_provider(str(config)).endpoint(node), command, **kwargs)

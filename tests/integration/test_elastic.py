@@ -17,6 +17,7 @@ import pytest
 import yaml
 from localtest import REPO, cb, on, run
 from polling import submit_and_time_the_start, wait_for
+from timetable import boots_cluster
 
 pytestmark = pytest.mark.integration
 CONFIG = REPO / "tests" / "integration" / "elastic.yaml"
@@ -24,6 +25,7 @@ STATE = "/var/lib/clusterbake/clusters/citelastic"
 
 
 @pytest.fixture(scope="module")
+@boots_cluster("local 1+0..4 elastic (elastic.yaml)")
 def elastic(image, tmp_path_factory):
     run(["make", "cluster", f"CONFIG={CONFIG}"], timeout=600)
     yield

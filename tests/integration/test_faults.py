@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from localtest import CB, REPO, cb, on
 from polling import poll
+from timetable import boots_cluster
 
 from clusterbake.config import load_config
 from clusterbake.job_report import events
@@ -36,6 +37,7 @@ def fon(node, command, **kwargs):
 
 
 @pytest.fixture(scope="module")
+@boots_cluster("local 1+3 health (faults.yaml)")
 def faults_cluster(image):
     fcb("cluster", "up", timeout=600)
     yield
@@ -219,10 +221,11 @@ def test_a_spot_reclaim_mid_training_drains_checkpoints_and_requeues(faults_clus
     )  # fmt: skip
     noticed = time.monotonic()
     try:
-        found = poll(lambda: node_state(victim)[1].startswith("clusterbake: spot reclaim at"), 10, 0.25)
-        drained_after = time.monotonic() - noticed
+        # Drained within the notice, while the node still runs (how soon: bench, not a test).
+        found = poll(lambda: node_state(victim)[1].startswith("clusterbake: spot reclaim at"), 45, 0.25)
+        print(f"{victim} drained {time.monotonic() - noticed:.1f} s after the notice")
         assert found, node_state(victim)
-        assert drained_after <= 5, f"drained {drained_after:.1f} s after the notice"
+        assert f"cb-cifaults-{victim}" in machines.find_machines("cb-cifaults-"), "drained only after the reclaim"
         state, reason = node_state(victim)
         assert state.startswith("drain"), state
         assert reason.endswith("(clusterbake node interrupt: terminate)")

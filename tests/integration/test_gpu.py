@@ -18,12 +18,14 @@ from localtest import REPO, cb, on, run
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 from test_aws_slurm_conf import as_template_input, p5_inventory
 from test_slurm_conf import render
+from timetable import boots_cluster
 
 pytestmark = pytest.mark.integration
 CONFIG = REPO / "tests" / "integration" / "gpu.yaml"
 
 
 @pytest.fixture(scope="module")
+@boots_cluster("local 1+2 placeholder GPUs (gpu.yaml)")
 def gpus(image):
     run(["make", "cluster", f"CONFIG={CONFIG}"], timeout=600)
     yield

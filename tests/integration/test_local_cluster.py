@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import hostlist
+import pytest
 from localtest import CONFIG, REPO, cb, on, run
 from polling import poll
 
@@ -293,6 +294,7 @@ def host_leftovers(cluster: str) -> dict[str, list[str]]:
     }
 
 
+@pytest.mark.ends_shared_cluster  # after every other test of the run that uses it
 def test_destroy_leaves_a_clean_machine_and_can_run_twice(cluster):
     assert host_leftovers("citest")["nspawn"], "the cluster should be running before destroy"
     run(["make", "destroy", f"CONFIG={CONFIG}"], timeout=300)

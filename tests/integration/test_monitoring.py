@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 from localtest import REPO, cb, on
 from polling import wait_for
+from timetable import boots_cluster
 
 from clusterbake.config import MONITORING_PORTS, load_config
 from clusterbake.providers import get_provider
@@ -28,6 +29,7 @@ def head(command, **kwargs):
 
 
 @pytest.fixture(scope="module")
+@boots_cluster("local 1+1+0..1 monitoring (monitoring.yaml)")
 def monitored(image):
     mcb("cluster", "up", timeout=600)
     yield

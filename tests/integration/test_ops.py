@@ -20,6 +20,7 @@ import pytest
 import yaml
 from localtest import REPO, cb, on, run
 from polling import wait_for
+from timetable import boots_cluster
 
 from clusterbake.config import load_config
 from clusterbake.state import StateDir
@@ -31,6 +32,7 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 
 @pytest.fixture(scope="module")
+@boots_cluster("local 1+2 (ops.yaml)")
 def ops_cluster():
     cb("image", "build", config=CONFIG, timeout=1800)
     up = cb("cluster", "up", config=CONFIG, timeout=600)

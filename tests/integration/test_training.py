@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from localtest import REPO, cb, on, run
+from timetable import boots_cluster
 
 from clusterbake.job_report import events
 
@@ -20,6 +21,7 @@ def tcb(*args, **kwargs):
 
 
 @pytest.fixture(scope="module")
+@boots_cluster("local 1+2+1 util (training.yaml)")
 def training_cluster(image):
     tcb("cluster", "up", timeout=600)
     yield

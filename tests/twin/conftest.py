@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from azuretwintest import AzureTwin, azure_host_leftovers, azure_twin_environment
+from timetable import boots_cluster
 from twintest import CB, CLUSTER, REPO, Twin, host_leftovers, run, twin_environment
 
 
@@ -31,6 +33,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+@boots_cluster("EC2 twin (twin up aws)")
 def twin_env(tmp_path_factory):
     env = twin_environment()
     yield env
@@ -50,9 +53,21 @@ def twin_config(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+@boots_cluster("AWS twin 1+2 (aws-twin.yaml)")
 def twin(twin_env, twin_config):
     """A cluster on the twin, up for the module's tests; down (and checked empty) after them."""
     twin = Twin(twin_env, twin_config)
     twin.up = twin.cb("cluster", "up", timeout=1200)
     yield twin
     twin.cb("cluster", "down", timeout=600)
+
+
+@pytest.fixture(scope="session")
+@boots_cluster("Azure twin (twin up azure)")
+def azure():
+    """The Azure twin, up for the whole run: its modules' clusters each have a resource group of their
+    own and remove it; `twin down` and a clean host at the end (a failure there fails the run)."""
+    twin = AzureTwin(azure_twin_environment())
+    yield twin
+    run([*CB, "twin", "down", "azure"], timeout=300)
+    assert azure_host_leftovers() == []

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from polling import wait_for
+from timetable import boots_cluster
 from twintest import (
     POWER_LOG,
     REPO,
@@ -43,6 +44,7 @@ def _config(max_count: int = 2) -> dict:
 
 
 @pytest.fixture(scope="module")
+@boots_cluster("AWS twin 1+0..2 elastic")
 def elastic(twin_env, tmp_path_factory):
     path = tmp_path_factory.mktemp("twinel") / f"{CLUSTER}.yaml"
     path.write_text(yaml.safe_dump(_config(), sort_keys=False))

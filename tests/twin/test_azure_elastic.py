@@ -15,10 +15,10 @@ import re
 
 import pytest
 import yaml
-from azuretwintest import AzureTwin, azure_host_leftovers, azure_twin_environment
+from azuretwintest import AzureTwin
 from polling import wait_for
+from timetable import boots_cluster
 from twintest import (
-    CB,
     POWER_LOG,
     REPO,
     Twin,
@@ -26,7 +26,6 @@ from twintest import (
     growing_keeps_every_address,
     node_status,
     requeued_job_runs_when_capacity_is_back,
-    run,
     slurm_states,
     submit_and_time_the_start,
     submit_where_no_capacity_is,
@@ -49,14 +48,7 @@ def _config(max_count: int = 2) -> dict:
 
 
 @pytest.fixture(scope="module")
-def azure():
-    twin = AzureTwin(azure_twin_environment())
-    yield twin
-    run([*CB, "twin", "down", "azure"], timeout=300)
-    assert azure_host_leftovers() == []
-
-
-@pytest.fixture(scope="module")
+@boots_cluster("Azure twin 1+0..2 elastic")
 def elastic(azure, tmp_path_factory):
     path = tmp_path_factory.mktemp("azel") / f"{CLUSTER}.yaml"
     path.write_text(yaml.safe_dump(_config(), sort_keys=False))

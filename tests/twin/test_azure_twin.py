@@ -16,7 +16,7 @@ import json
 import time
 
 import pytest
-from azuretwintest import AzureTwin, Environ, azure_host_leftovers, azure_twin_environment
+from azuretwintest import AzureTwin, Environ, azure_host_leftovers
 from polling import wait_for
 from twintest import CB, run
 
@@ -49,23 +49,16 @@ M = {"Metadata": "true"}
 
 
 @pytest.fixture(scope="module")
-def azure_twin():
-    twin = AzureTwin(azure_twin_environment())
-    yield twin
-    run([*CB, "twin", "down", "azure"], timeout=300)
-
-
-@pytest.fixture(scope="module")
-def sdk(azure_twin):
-    compute, network, msi, keyvault, resources = azure_twin.clients()
+def sdk(azure):
+    compute, network, msi, keyvault, resources = azure.clients()
     return {"compute": compute, "network": network, "msi": msi, "keyvault": keyvault, "resources": resources}
 
 
 @pytest.fixture(scope="module")
-def vm(azure_twin, sdk):
+def vm(azure, sdk):
     """A VM of the twin's image with one assigned identity that may read a Key Vault secret."""
-    info = azure_twin.info
-    with Environ(azure_twin.env):
+    info = azure.info
+    with Environ(azure.env):
         from azure.identity import DefaultAzureCredential
         from azure.keyvault.secrets import SecretClient
 
@@ -166,45 +159,45 @@ def vm(azure_twin, sdk):
         )
     wait_for(
         "the VM's node runs",
-        lambda: (azure_twin.vm(VM) or {}).get("node") == "running",
+        lambda: (azure.vm(VM) or {}).get("node") == "running",
         timeout=NODE_TIMEOUT,
         interval=0.1,
     )
     print(f"node running {time.monotonic() - started:.1f}s after the create request")
-    wait_for("the node's boot", lambda: booted(azure_twin, created.vm_id), timeout=90)
+    wait_for("the node's boot", lambda: booted(azure, created.vm_id), timeout=90)
     return {"id": created.id, "vm_id": created.vm_id, "reader": reader, "other": identities["citwinaz-other"],
             "vault_uri": vault.properties.vault_uri}  # fmt: skip
 
 
-def booted(azure_twin: AzureTwin, vm_id: str) -> bool:
+def booted(azure: AzureTwin, vm_id: str) -> bool:
     """The node's systemd finished booting (no SSH: a VM whose user data is not the product's has
     no host keys, as an image without a provisioning agent would have none)."""
     try:
-        result = azure_twin.inside(vm_id, "systemctl is-system-running", check=False, timeout=20)
+        result = azure.inside(vm_id, "systemctl is-system-running", check=False, timeout=20)
     except AssertionError:
         return False
     return result.stdout.strip() in ("running", "degraded")
 
 
-def imds(azure_twin: AzureTwin, vm: dict, program: str) -> dict:
-    result = azure_twin.python_inside(vm["vm_id"], IMDS_PROGRAM + program)
+def imds(azure: AzureTwin, vm: dict, program: str) -> dict:
+    result = azure.python_inside(vm["vm_id"], IMDS_PROGRAM + program)
     return json.loads(result.stdout)
 
 
-def test_vm_boots_as_a_node_at_its_private_ip(azure_twin, vm):
-    status = next(v for v in azure_twin.status()["vms"] if v["name"] == VM)  # `clusterbake twin status azure`
+def test_vm_boots_as_a_node_at_its_private_ip(azure, vm):
+    status = next(v for v in azure.status()["vms"] if v["name"] == VM)  # `clusterbake twin status azure`
     assert (status["address"], status["power"], status["node"]) == (ADDRESS, "running", "running")
-    inside = azure_twin.inside(vm["vm_id"], "ip -4 -o addr show dev eth0; hostname; cat /etc/resolv.conf")
+    inside = azure.inside(vm["vm_id"], "ip -4 -o addr show dev eth0; hostname; cat /etc/resolv.conf")
     assert f"inet {ADDRESS}/24" in inside.stdout, inside.stdout
     assert VM in inside.stdout.split()  # computerName, as Azure's provisioning agent sets it
     assert "nameserver 168.63.129.16" in inside.stdout  # Azure's DNS, as its DHCP says
-    names = azure_twin.inside(vm["vm_id"], f"getent hosts {VAULT}.vault.azure.net {VM}").stdout.split()
+    names = azure.inside(vm["vm_id"], f"getent hosts {VAULT}.vault.azure.net {VM}").stdout.split()
     assert names == ["10.91.0.1", f"{VAULT}.vault.azure.net", ADDRESS, f"{VM}.clusterbake-twin.internal.cloudapp.net"]
 
 
-def test_imds_answers_as_azures(azure_twin, vm):
+def test_imds_answers_as_azures(azure, vm):
     answers = imds(
-        azure_twin,
+        azure,
         vm,
         """
 print(json.dumps({
@@ -228,7 +221,7 @@ print(json.dumps({
     assert status == 200
     document = json.loads(text)
     compute = document["compute"]
-    assert (compute["name"], compute["vmSize"], compute["location"]) == (VM, SIZE, azure_twin.info["location"])
+    assert (compute["name"], compute["vmSize"], compute["location"]) == (VM, SIZE, azure.info["location"])
     assert compute["resourceId"].lower() == vm["id"].lower() and compute["vmId"] == vm["vm_id"]
     assert base64.b64decode(compute["userData"]) == USER_DATA
     assert compute["customData"] == ""  # Azure's IMDS never serves customData
@@ -243,11 +236,11 @@ print(json.dumps({
     assert answers["address"] == [200, ADDRESS]
 
 
-def test_identity_token_reads_key_vault_from_the_node(azure_twin, vm):
+def test_identity_token_reads_key_vault_from_the_node(azure, vm):
     """Azure's DNS names the vault, the node trusts its certificate, the token of the VM's identity
     opens it; a token for an identity the VM does not have is refused by IMDS."""
     answers = imds(
-        azure_twin,
+        azure,
         vm,
         f"""
 token_path = "/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fvault.azure.net"
@@ -278,12 +271,12 @@ print(json.dumps({{"mine": mine, "other": other, "default": default, "secret": s
     assert answers["default"][0] == 200 and json.loads(answers["default"][1])["client_id"] == vm["reader"].client_id
 
 
-def test_scheduled_events_set_by_the_test_appear_in_the_nodes_imds(azure_twin, vm):
+def test_scheduled_events_set_by_the_test_appear_in_the_nodes_imds(azure, vm):
     events_path = "/metadata/scheduledevents?api-version=2020-07-01"
-    empty = imds(azure_twin, vm, f'print(json.dumps(call("{events_path}", M)))')
+    empty = imds(azure, vm, f'print(json.dumps(call("{events_path}", M)))')
     assert empty[0] == 200 and json.loads(empty[1])["Events"] == []
-    azure_twin.control("PUT", f"/vms/{VM}/scheduledevents", {"EventType": "Preempt"})
-    status, text = imds(azure_twin, vm, f'print(json.dumps(call("{events_path}", M)))')
+    azure.control("PUT", f"/vms/{VM}/scheduledevents", {"EventType": "Preempt"})
+    status, text = imds(azure, vm, f'print(json.dumps(call("{events_path}", M)))')
     document = json.loads(text)
     assert status == 200 and len(document["Events"]) == 1
     event = document["Events"][0]
@@ -297,7 +290,7 @@ def test_scheduled_events_set_by_the_test_appear_in_the_nodes_imds(azure_twin, v
     # The VM acknowledges it (StartRequests): the event goes, the document's incarnation moves on.
     body = json.dumps({"StartRequests": [{"EventId": event["EventId"]}]})
     after = imds(
-        azure_twin,
+        azure,
         vm,
         f"""
 posted = call("{events_path}", {{**M, "Content-Type": "application/json"}}, "POST", {body!r}.encode())
@@ -307,76 +300,75 @@ print(json.dumps([posted, call("{events_path}", M)]))
     assert after[0][0] == 200
     later = json.loads(after[1][1])
     assert later["Events"] == [] and later["DocumentIncarnation"] > document["DocumentIncarnation"]
-    azure_twin.control("PUT", f"/vms/{VM}/scheduledevents", {"EventType": "Terminate", "NotBeforeSeconds": 600})
-    assert [e["EventType"] for e in azure_twin.vm(VM)["scheduled_events"]] == ["Terminate"]
-    azure_twin.control("DELETE", f"/vms/{VM}/scheduledevents")
-    assert azure_twin.vm(VM)["scheduled_events"] == []
+    azure.control("PUT", f"/vms/{VM}/scheduledevents", {"EventType": "Terminate", "NotBeforeSeconds": 600})
+    assert [e["EventType"] for e in azure.vm(VM)["scheduled_events"]] == ["Terminate"]
+    azure.control("DELETE", f"/vms/{VM}/scheduledevents")
+    assert azure.vm(VM)["scheduled_events"] == []
 
 
-def test_deallocate_stops_the_node_and_start_boots_it_again(azure_twin, sdk, vm):
-    azure_twin.inside(vm["vm_id"], "echo kept > /var/tmp/clusterbake-twin-marker")
-    with Environ(azure_twin.env):
+def test_deallocate_stops_the_node_and_start_boots_it_again(azure, sdk, vm):
+    azure.inside(vm["vm_id"], "echo kept > /var/tmp/clusterbake-twin-marker")
+    with Environ(azure.env):
         started = time.monotonic()
         sdk["compute"].virtual_machines.begin_deallocate(RG, VM).result()
-        wait_for("the node stops", lambda: azure_twin.vm(VM)["node"] == "stopped", timeout=NODE_TIMEOUT, interval=0.1)
+        wait_for("the node stops", lambda: azure.vm(VM)["node"] == "stopped", timeout=NODE_TIMEOUT, interval=0.1)
         print(f"deallocate -> node stopped: {time.monotonic() - started:.1f}s")
         assert not machines.find_machines(f"cb-twin-azure-{vm['vm_id']}")
         view = sdk["compute"].virtual_machines.instance_view(RG, VM)
         assert "PowerState/deallocated" in [s.code for s in view.statuses]
         started = time.monotonic()
         sdk["compute"].virtual_machines.begin_start(RG, VM).result()
-        wait_for(
-            "the node runs again", lambda: azure_twin.vm(VM)["node"] == "running", timeout=NODE_TIMEOUT, interval=0.1
-        )
+        wait_for("the node runs again", lambda: azure.vm(VM)["node"] == "running", timeout=NODE_TIMEOUT, interval=0.1)
         print(f"start -> node running: {time.monotonic() - started:.1f}s")
     # The OS disk outlived the deallocation.
-    wait_for("the node boots", lambda: booted(azure_twin, vm["vm_id"]), timeout=90)
-    assert azure_twin.inside(vm["vm_id"], "cat /var/tmp/clusterbake-twin-marker").stdout.strip() == "kept"
+    wait_for("the node boots", lambda: booted(azure, vm["vm_id"]), timeout=90)
+    assert azure.inside(vm["vm_id"], "cat /var/tmp/clusterbake-twin-marker").stdout.strip() == "kept"
 
 
-def test_restart_reboots_the_node(azure_twin, sdk, vm):
-    before = azure_twin.node_pid(vm["vm_id"])
-    with Environ(azure_twin.env):
+def test_restart_reboots_the_node(azure, sdk, vm):
+    before = azure.node_pid(vm["vm_id"])
+    with Environ(azure.env):
         sdk["compute"].virtual_machines.begin_restart(RG, VM).result()
 
     def rebooted() -> bool:
         try:
-            return azure_twin.node_pid(vm["vm_id"]) != before
+            return azure.node_pid(vm["vm_id"]) != before
         except AssertionError:  # between the halt and the boot
             return False
 
     wait_for("a new boot of the node", rebooted, timeout=NODE_TIMEOUT + 15, interval=0.2)
-    wait_for("the node boots", lambda: booted(azure_twin, vm["vm_id"]), timeout=90)
+    wait_for("the node boots", lambda: booted(azure, vm["vm_id"]), timeout=90)
 
 
-def test_poweroff_inside_leaves_the_vm_stopped(azure_twin, sdk, vm):
-    wait_for("the node boots", lambda: booted(azure_twin, vm["vm_id"]), timeout=90)
-    azure_twin.inside(vm["vm_id"], "systemctl poweroff --no-block")
-    with Environ(azure_twin.env):
+def test_poweroff_inside_leaves_the_vm_stopped(azure, sdk, vm):
+    wait_for("the node boots", lambda: booted(azure, vm["vm_id"]), timeout=90)
+    azure.inside(vm["vm_id"], "systemctl poweroff --no-block")
+    with Environ(azure.env):
 
         def power() -> list[str]:
             view = sdk["compute"].virtual_machines.instance_view(RG, VM)
             return [s.code for s in view.statuses if s.code.startswith("PowerState/")]
 
         wait_for("the VM stopped", lambda: power() == ["PowerState/stopped"], timeout=30)
-        assert azure_twin.vm(VM)["node"] == "stopped"
+        assert azure.vm(VM)["node"] == "stopped"
         sdk["compute"].virtual_machines.begin_start(RG, VM).result()
-    wait_for("the node runs again", lambda: azure_twin.vm(VM)["node"] == "running", timeout=NODE_TIMEOUT, interval=0.1)
+    wait_for("the node runs again", lambda: azure.vm(VM)["node"] == "running", timeout=NODE_TIMEOUT, interval=0.1)
 
 
-def test_delete_removes_the_node(azure_twin, sdk, vm):
-    with Environ(azure_twin.env):
+def test_delete_removes_the_node(azure, sdk, vm):
+    with Environ(azure.env):
         started = time.monotonic()
         sdk["compute"].virtual_machines.begin_delete(RG, VM).result()
-    wait_for("the node goes", lambda: azure_twin.vm(VM) is None, timeout=NODE_TIMEOUT, interval=0.1)
+    wait_for("the node goes", lambda: azure.vm(VM) is None, timeout=NODE_TIMEOUT, interval=0.1)
     print(f"delete -> node removed: {time.monotonic() - started:.1f}s")
     assert not machines.find_machines(f"cb-twin-azure-{vm['vm_id']}")
     netns = run(["ip", "netns", "list"]).stdout
     assert vm["vm_id"] not in netns
-    with Environ(azure_twin.env):
+    with Environ(azure.env):
         sdk["resources"].resource_groups.begin_delete(RG).result()
 
 
-def test_twin_down_leaves_nothing(azure_twin):
+@pytest.mark.ends_shared_cluster  # the twin: after every other test of the run
+def test_twin_down_leaves_nothing(azure):
     run([*CB, "twin", "down", "azure"], timeout=300)
     assert azure_host_leftovers() == []

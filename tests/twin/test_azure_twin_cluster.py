@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from azuretwintest import AzureTwin, Environ, azure_host_leftovers, azure_twin_environment
+from azuretwintest import AzureTwin, Environ
 from polling import wait_for
-from twintest import CB, REPO, Twin, run
+from timetable import boots_cluster
+from twintest import REPO, Twin, run
 
 pytestmark = pytest.mark.integration
 CLUSTER = "ciaz"
@@ -27,14 +28,7 @@ STORAGE = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) 
 
 
 @pytest.fixture(scope="module")
-def azure(tmp_path_factory):
-    twin = AzureTwin(azure_twin_environment())
-    yield twin
-    run([*CB, "twin", "down", "azure"], timeout=300)
-    assert azure_host_leftovers() == []
-
-
-@pytest.fixture(scope="module")
+@boots_cluster("Azure twin 1+2 (azure-twin.yaml)")
 def cluster(azure, tmp_path_factory):
     """examples/azure-twin.yaml under the tests' own cluster name and resource group, up for the module."""
     config = yaml.safe_load((REPO / "examples" / "azure-twin.yaml").read_text())

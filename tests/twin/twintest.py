@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import configparser
+import functools
 import json
 import os
 import re
@@ -17,7 +18,9 @@ from pathlib import Path
 import boto3
 import polling
 import yaml
+from nodeshell import run_on
 from polling import wait_for
+from sdkenv import Environ
 
 REPO = Path(__file__).resolve().parents[2]
 CB = [str(REPO / ".venv" / "bin" / "clusterbake")]
@@ -45,7 +48,20 @@ class Twin:
         return run([*CB, "-c", str(self.config), *args], env=self.env, **kwargs)
 
     def on(self, node: str, command: str, **kwargs):
-        return self.cb("ssh", node, "--", command, **kwargs)
+        """A shell command on a node (nodeshell: as `clusterbake ssh` runs it, over a connection kept
+        open); the provider finds the node through the twin's API, as the CLI would. kwargs: check,
+        timeout, input."""
+        with Environ(self.env):
+            endpoint = self.provider.endpoint(node)
+        return run_on(endpoint, command, **kwargs)
+
+    @functools.cached_property
+    def provider(self):
+        from clusterbake.config import load_config
+        from clusterbake.providers import get_provider
+
+        with Environ(self.env):
+            return get_provider(load_config(self.config))
 
     def train_deepspeed(self, job_name: str, nodes: int = 2):
         """The DeepSpeed example on `nodes` nodes, 12 steps with a checkpoint every 6 on /shared; waits for it."""

@@ -38,6 +38,7 @@ class PackerRun:
     repo_root: Path | None = None  # the checkout the playbooks come from
     ssh_port: int | None = None  # local: the builder node's sshd
     ssh_private_key_file: Path | None = None  # local: the key the builder node authorizes
+    ansible_tags: tuple[str, ...] = ()  # local: only these tags of ansible/image.yml (a layer's groups); () all
 
 
 def ansible_playbook_command() -> str:

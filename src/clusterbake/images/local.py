@@ -15,7 +15,9 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,7 +27,14 @@ from clusterbake.config import ClusterConfig, extra_ca_files
 from clusterbake.errors import ClusterbakeError
 from clusterbake.images import packer
 from clusterbake.images.base import PackerRun, ansible_playbook_command
-from clusterbake.images.inputs import BASE_PACKAGES, SUITE, base_key, builder_groups, local_inputs_digest
+from clusterbake.images.inputs import (
+    BASE_PACKAGES,
+    SUITE,
+    base_key,
+    builder_groups,
+    local_inputs_digest,
+    node_group_features,
+)
 from clusterbake.images.store import ImageRecord, ImageStore
 from clusterbake.nspawn import machines
 from clusterbake.paths import git_revision, repo_root
@@ -54,6 +63,7 @@ class LocalBuilder:
             "image_vars_file": str(run.image_vars_file),
             "ansible_playbook_command": ansible_playbook_command(),
             "ansible_groups": json.dumps(builder_groups(config)),
+            "ansible_tags": json.dumps(list(run.ansible_tags)),
         }
 
     def build(self, config: ClusterConfig, state: StateDir, *, force: bool = False) -> ImageRecord:
@@ -136,6 +146,11 @@ def _clean_image(root: Path) -> None:
                 path.unlink()
     (root / "etc/machine-id").write_text("")
     (root / "etc/hostname").write_text("localhost\n")
+    # apt judges its cache by the lists directory's age: without the lists it must look stale, so that
+    # a build on this image (a layer) updates the cache before it installs.
+    lists = root / "var/lib/apt/lists"
+    if lists.is_dir():
+        os.utime(lists, (0, 0))
 
 
 @contextmanager
@@ -161,36 +176,72 @@ def image_name(config: ClusterConfig) -> str:
     return f"clusterbake-{config.image.base}-{stamp}-{git_revision()}"
 
 
-def build_image(config: ClusterConfig, state: StateDir, force: bool = False) -> Path:
-    """Bake the local image (or reuse the one of the same inputs unless force); its directory."""
+def build_image(config: ClusterConfig, state: StateDir, force: bool = False, layer_groups: Iterable[str] = ()) -> Path:
+    """Bake the local image (or reuse the one of the same inputs unless force); its directory.
+
+    With `layer_groups` (feature groups of the config), an image of the same inputs without them,
+    when the store has one, is the base: a copy of it gets only the roles of those groups
+    (ansible/image.yml's tags), instead of every role on a fresh debootstrap. The result is the
+    image a full build makes, under the same inputs digest; without such a base, a full build."""
     store = ImageStore(state)
     digest = local_inputs_digest(config)
-    with store.build_lock():
-        existing = store.lookup(digest)
-        if existing and not force:
-            say(f"==> image {existing.name} is up to date (inputs {digest}); FORCE=1 rebuilds")
-            return existing
-        return _bake(config, state, store, digest)
+    # An image is recorded once complete: a lookup needs no lock (nor waits for another build).
+    existing = None if force else store.lookup(digest)
+    if existing is None:
+        with store.build_lock():
+            existing = None if force else store.lookup(digest)  # another build may have made it meanwhile
+            if existing is None:
+                return _bake(config, state, store, digest, Layer.on_stored_base(config, store, layer_groups))
+    say(f"==> image {existing.name} is up to date (inputs {digest}); FORCE=1 rebuilds")
+    return existing
 
 
-def _bake(config: ClusterConfig, state: StateDir, store: ImageStore, digest: str) -> Path:
+@dataclass(frozen=True)
+class Layer:
+    """A build on a baked image: its rootfs as the start, only the added groups' roles run."""
+
+    base: Path  # the baked image's directory
+    groups: tuple[str, ...]  # the feature groups it adds (ansible/image.yml's tags)
+
+    @classmethod
+    def on_stored_base(cls, config: ClusterConfig, store: ImageStore, groups: Iterable[str]) -> Layer | None:
+        added = tuple(sorted({str(g) for g in groups} & set(node_group_features(config))))
+        if not added:
+            return None
+        base_config = config.model_copy(
+            update={
+                "node_groups": [
+                    g.model_copy(update={"features": [f for f in g.features if f not in added]})
+                    for g in config.node_groups
+                ]
+            }
+        )
+        base = store.lookup(local_inputs_digest(base_config))
+        return cls(base, added) if base else None
+
+
+def _bake(config: ClusterConfig, state: StateDir, store: ImageStore, digest: str, layer: Layer | None = None) -> Path:
     """Build a new image for these inputs (the caller holds the store's build lock)."""
     name = image_name(config)
     log_dir = state.root / "logs"
     log_file = log_dir / f"image-{name}.log"
     say(f"    log: {log_file}")
-    with phase("base rootfs (debootstrap, cached)"):
-        base = ensure_base(config, state, log_file)
+    if layer:
+        say(f"    a layer of {', '.join(layer.groups)} on {layer.base.name}")
+        start = layer.base / "rootfs"
+    else:
+        with phase("base rootfs (debootstrap, cached)"):
+            start = ensure_base(config, state, log_file)
     groups = builder_groups(config)
     wheelhouse = None
-    if "train" in groups:
+    if "train" in (layer.groups if layer else groups):
         with phase("training wheelhouse (torch, DeepSpeed; cached)"):
             wheelhouse = ensure_wheelhouse(state.cache, log_file)
     build_dir = store.dir / f"{name}.build"
     try:
-        with phase("builder node"):
+        with phase("builder node" + (" (a copy of the base image)" if layer else "")):
             build_dir.mkdir(parents=True)
-            subprocess.run(["cp", "-a", "--reflink=auto", str(base), str(build_dir / "rootfs")], check=True)
+            subprocess.run(["cp", "-a", "--reflink=auto", str(start), str(build_dir / "rootfs")], check=True)
             key = build_dir / "builder_key"
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
             port = _free_port()
@@ -205,7 +256,13 @@ def _bake(config: ClusterConfig, state: StateDir, store: ImageStore, digest: str
                 image_vars["training_env_wheelhouse"] = str(wheelhouse)
             vars_file.write_text(yaml.safe_dump(image_vars))
         with builder_node(build_dir / "rootfs", log_dir, port), phase("packer build (ansible/image.yml)"):
-            run = PackerRun(name=name, image_vars_file=vars_file, ssh_port=port, ssh_private_key_file=key)
+            run = PackerRun(
+                name=name,
+                image_vars_file=vars_file,
+                ssh_port=port,
+                ssh_private_key_file=key,
+                ansible_tags=layer.groups if layer else (),
+            )
             packer.build(repo_root() / "packer", LocalBuilder().packer_vars(config, run), log_file, only=SOURCE)
         with phase("finish image"):
             root = build_dir / "rootfs"
@@ -225,6 +282,8 @@ def _bake(config: ClusterConfig, state: StateDir, store: ImageStore, digest: str
                 "package_pins": dict(config.image.package_pins),
                 "versions": json.loads(versions_file.read_text()),
             }
+            if layer:
+                manifest["layered_on"] = {"image": layer.base.name, "groups": list(layer.groups)}
             for leftover in ("builder_key", "builder_key.pub", "image-vars.yml"):
                 (build_dir / leftover).unlink(missing_ok=True)
             (build_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ClusterbakeError
+from clusterbake.images.store import CLOUD_BOOT_GROUPS
 from clusterbake.nspawn import machines, network
 from clusterbake.progress import phase
 from clusterbake.state import StateDir
@@ -158,7 +159,9 @@ def node_image(config: ClusterConfig, state: StateDir, features: list[str]) -> P
     the first step of `twin up`)."""
     from clusterbake.images.local import build_image  # only a build needs the builder's imports
 
-    return build_image(image_config(config, features), state)
+    # The cloud's group as a layer on the local image of the other features, where one is built
+    # (the test suite's): its boot role, not a second full build.
+    return build_image(image_config(config, features), state, layer_groups=CLOUD_BOOT_GROUPS)
 
 
 def image_config(base: ClusterConfig, features: list[str]) -> ClusterConfig:

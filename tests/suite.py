@@ -1,0 +1,315 @@
+"""`make test`: the whole suite, its node tests in lanes side by side, and its time table.
+
+1. The images the node tests boot build in the background: the suite's, then each twin's as a
+   layer of its cloud on the suite's (build/test-images.log).
+2. Meanwhile the node-less tests run on every core (pytest-xdist, a worker per file).
+3. The node tests run in lanes, a pytest run each, side by side; a lane starts once the
+   node-less tests are done and the images it boots are built. A module that changes the host
+   under every cluster (SOLO) runs alone after them.
+4. build/test-times.json: each phase, lane, module, fixture and cluster boot with its seconds
+   (tests/timetable.py records them), and the table printed at the end.
+
+The exit status is non-zero when a test failed or errored; the lanes' full output is in
+build/test-<lane>.log, and their failures' summaries are printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = REPO / "build"
+TIMES = BUILD / "times"
+TIME_TABLE = BUILD / "test-times.json"
+VENV_BIN = REPO / ".venv" / "bin"
+OFFLINE_TESTS = ["tests/unit", "tests/aws", "tests/azure"]
+NODE_DIRS = ["tests/integration", "tests/twin"]
+CB = [str(VENV_BIN / "clusterbake")]
+# The images the node tests boot, in the order they build (a twin's is a layer on the suite's).
+IMAGES = {
+    "suite": [*CB, "--config", "tests/integration/cluster.yaml", "image", "build"],
+    "aws twin": [*CB, "twin", "image", "aws"],
+    "azure twin": [*CB, "twin", "image", "azure"],
+}
+RESULT_WORDS = (" PASSED", " FAILED", " ERROR", " SKIPPED", " XFAIL", " XPASS")
+
+
+@dataclass
+class Lane:
+    """Node test modules that run one after the other, beside the other lanes."""
+
+    name: str
+    modules: list[str]
+    images: tuple[str, ...] = ("suite",)
+    status: int | None = None
+    started: float = 0.0
+    seconds: float = 0.0
+    log: Path = field(init=False)
+
+    def __post_init__(self):
+        self.log = BUILD / f"test-{self.name}.log"
+
+
+# The node test modules of each lane, run in this order; the lanes run side by side. Balanced by
+# the time table (build/test-times.json). The modules of one twin share it: one lane per cloud.
+LANES: dict[str, list[str]] = {
+    "aws-twin": ["tests/twin/test_aws_twin.py", "tests/twin/test_aws_elastic.py", "tests/twin/test_imds_hop_limit.py"],
+    "azure-twin": [
+        "tests/twin/test_azure_elastic.py",
+        "tests/twin/test_azure_twin_cluster.py",
+        "tests/twin/test_azure_twin.py",
+    ],
+    "local-1": [
+        "tests/integration/test_faults.py",
+        "tests/integration/test_training.py",
+        "tests/integration/test_gpu.py",
+    ],
+    "local-2": [
+        "tests/integration/test_ops.py",
+        "tests/integration/test_elastic.py",
+        "tests/integration/test_local_cluster.py",
+        "tests/integration/test_accounting.py",
+        "tests/integration/test_monitoring.py",
+        "tests/integration/test_image.py",
+        "tests/integration/test_bad_input.py",
+    ],
+}
+# A module no lane names yet runs in the last local lane (its cluster's subnet is its own).
+DEFAULT_LANE = "local-2"
+# Alone, after the lanes: it sets the host's inotify limit to Debian's default, which every
+# node's boot on the host uses.
+SOLO = ["tests/integration/test_many_nodes.py"]
+
+
+def node_modules() -> list[str]:
+    return sorted(str(p.relative_to(REPO)) for d in NODE_DIRS for p in (REPO / d).glob("test_*.py"))
+
+
+def lane_images(modules: list[str]) -> tuple[str, ...]:
+    """The images a lane's modules boot: the suite's, and a twin's for that twin's modules."""
+    clouds = sorted({c for m in modules for c in ("aws", "azure") if m.startswith(f"tests/twin/test_{c}")})
+    return ("suite", *(f"{cloud} twin" for cloud in clouds))
+
+
+def plan_lanes(modules: list[str]) -> tuple[list[Lane], list[Lane]]:
+    """The side-by-side lanes and the solo ones: every module in exactly one, none that is not there."""
+    unknown = sorted(({m for ms in LANES.values() for m in ms} | set(SOLO)) - set(modules))
+    if unknown:
+        raise SystemExit(f"tests/suite.py names modules that do not exist: {', '.join(unknown)}")
+    placed = {m: lane for lane, ms in LANES.items() for m in ms}
+    lanes = {name: Lane(name, []) for name in LANES}
+    for module in modules:
+        if module not in SOLO and module not in placed:
+            lanes[DEFAULT_LANE].modules.append(module)
+    for name, listed in LANES.items():
+        lanes[name].modules[:0] = listed
+    for lane in lanes.values():
+        lane.images = lane_images(lane.modules)
+    solo = [Lane(f"solo-{Path(m).stem}", [m]) for m in SOLO]
+    return [lane for lane in lanes.values() if lane.modules], solo
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+class Images:
+    """The node tests' images, built one after the other in a thread; an event per image."""
+
+    def __init__(self, log: Path):
+        self.log = log
+        self.built = {name: threading.Event() for name in IMAGES}
+        self.seconds: dict[str, float] = {}
+        self.failed: list[str] = []
+        self.thread = threading.Thread(target=self.build, daemon=True)
+
+    def build(self) -> None:
+        with self.log.open("w") as out:
+            for name, argv in IMAGES.items():
+                start = time.monotonic()
+                result = subprocess.run(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+                self.seconds[name] = round(time.monotonic() - start, 1)
+                if result.returncode != 0:
+                    self.failed.append(name)
+                self.built[name].set()
+
+    def wait(self, names) -> None:
+        for name in names:
+            self.built[name].wait()
+
+
+def pytest_argv(name: str, times: Path, *extra: str) -> list[str]:
+    return [
+        str(VENV_BIN / "pytest"),
+        "-p",
+        "timetable",
+        f"--timetable={times}",
+        f"--timetable-name={name}",
+        *extra,
+    ]
+
+
+def environment() -> dict[str, str]:
+    """PYTHONPATH: the time table plugin lives in tests/, which pytest adds to sys.path only later."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(REPO / "tests") + (os.pathsep + path if path else "")}
+
+
+def run_lane(lane: Lane, images: Images, ready: threading.Event) -> None:
+    ready.wait()
+    images.wait(lane.images)
+    lane.started = time.time()
+    argv = pytest_argv(f"lane {lane.name}", TIMES / f"lane-{lane.name}.json", "-v", "-rfE", *lane.modules)
+    say(f"==> lane {lane.name}: {' '.join(Path(m).stem for m in lane.modules)} (log: {lane.log})")
+    with lane.log.open("w") as log:
+        process = subprocess.Popen(
+            argv, cwd=REPO, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert process.stdout is not None
+        for line in process.stdout:
+            log.write(line)
+            log.flush()
+            if any(word in line for word in RESULT_WORDS) and "::" in line:
+                say(f"[{lane.name}] {line.rstrip()}")
+        lane.status = process.wait()
+    lane.seconds = round(time.time() - lane.started, 1)
+    say(f"<== lane {lane.name}: exit {lane.status} after {lane.seconds:.0f}s")
+
+
+def run_lanes(lanes: list[Lane], images: Images, ready: threading.Event) -> None:
+    threads = [threading.Thread(target=run_lane, args=(lane, images, ready)) for lane in lanes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def failure_summary(log: Path) -> str:
+    """The 'short test summary info' section of a pytest log."""
+    text = log.read_text(errors="replace")
+    marker = text.rfind("short test summary info")
+    return text[text.rfind("\n", 0, marker) + 1 :] if marker >= 0 else text[-3000:]
+
+
+def merge(started: float, phases: list[dict]) -> dict:
+    """One table of the run's phases and every pytest run's modules, fixtures and cluster boots."""
+    table: dict = {"started": round(started, 1), "wall_seconds": round(time.time() - started, 1), "phases": phases}
+    modules, fixtures, tests = [], [], 0
+    for phase in phases:
+        part = TIMES / phase["times"] if "times" in phase else None
+        if not part or not part.exists():
+            continue
+        data = json.loads(part.read_text())
+        tests += len(data["tests"])
+        modules += [
+            {**m, "run": phase["name"], "start": round(data["started"] + m["start"] - started, 1)}
+            for m in data["modules"]
+        ]
+        fixtures += [{**f, "run": phase["name"]} for f in data["fixtures"]]
+    table["tests"] = tests
+    table["modules"] = sorted(modules, key=lambda m: -m["span"])
+    table["clusters"] = [
+        {"module": m["module"], **c} for m in sorted(modules, key=lambda m: m["start"]) for c in m["clusters"]
+    ]
+    table["fixtures"] = sorted(fixtures, key=lambda f: -f["seconds"])[:40]
+    return table
+
+
+def print_table(table: dict) -> None:
+    say(f"\n==> time table ({TIME_TABLE}): {table['tests']} tests in {table['wall_seconds'] / 60:.1f} min")
+    say(f"{'phase':32} {'start':>7} {'seconds':>8}")
+    for phase in table["phases"]:
+        say(f"{phase['name']:32} {phase['start']:7.0f} {phase['seconds']:8.0f}  {phase.get('note', '')}")
+    say(f"\n{'module (slowest first)':52} {'tests':>5} {'start':>6} {'span':>6}  clusters booted (s)")
+    for m in table["modules"]:
+        if m["span"] < 20 and not m["clusters"]:
+            continue
+        boots = ", ".join(f"{c['shape']} {c['seconds']:.0f}" for c in m["clusters"])
+        say(f"{m['module'][:52]:52} {m['tests']:5} {m['start']:6.0f} {m['span']:6.0f}  {boots}")
+    shown = [m for m in table["modules"] if m["span"] >= 20 or m["clusters"]]
+    rest = [m for m in table["modules"] if m not in shown]
+    say(f"... and {len(rest)} modules of under 20 s each ({sum(m['span'] for m in rest):.0f} s in all)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-offline", action="store_true", help="only the node tests (and their images)")
+    parser.add_argument("--no-node", action="store_true", help="only the node-less tests")
+    args = parser.parse_args(argv)
+    BUILD.mkdir(exist_ok=True)
+    TIMES.mkdir(exist_ok=True)
+    for old in TIMES.glob("*.json"):
+        old.unlink()
+    started = time.time()
+    phases: list[dict] = []
+    status = 0
+
+    def phase(name: str, start: float, **extra) -> None:
+        phases.append(
+            {"name": name, "start": round(start - started, 1), "seconds": round(time.time() - start, 1), **extra}
+        )
+
+    lanes, solo = plan_lanes(node_modules())
+    images = Images(BUILD / "test-images.log")
+    if not args.no_node:
+        say(f"==> the node tests' images build in the background; log: {images.log}")
+        images.thread.start()
+    offline_done = threading.Event()
+    node = threading.Thread(target=run_lanes, args=(lanes, images, offline_done))
+    if not args.no_node:
+        node.start()
+    if not args.no_offline:
+        start = time.time()
+        argv = pytest_argv("offline", TIMES / "offline.json", "-v", "-n", "auto", "--dist", "loadfile")
+        result = subprocess.run([*argv, "--durations=20", *OFFLINE_TESTS], cwd=REPO, env=environment())
+        status |= result.returncode
+        phase("node-less tests (xdist)", start, times="offline.json")
+    offline_done.set()
+    if not args.no_node:
+        images.thread.join()
+        note = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in images.seconds.items())
+        phases.append(
+            {
+                "name": "images (background)",
+                "start": 0.0,
+                "seconds": round(sum(images.seconds.values()), 1),
+                "note": note,
+            }
+        )
+        if images.failed:
+            say(f"==> image builds failed: {', '.join(images.failed)}; end of {images.log}:")
+            say("\n".join(images.log.read_text(errors="replace").splitlines()[-40:]))
+        node.join()
+        for lane in solo:
+            run_lane(lane, images, offline_done)
+        for lane in lanes + solo:
+            phases.append(
+                {
+                    "name": f"lane {lane.name}",
+                    "start": round(lane.started - started, 1),
+                    "seconds": lane.seconds,
+                    "times": f"lane-{lane.name}.json",
+                    "note": f"exit {lane.status}",
+                }
+            )
+            if lane.status != 0:  # None: the lane never ran to its end
+                status = 1
+                say(f"\n==> lane {lane.name} failed; its summary (full output: {lane.log}):")
+                say(failure_summary(lane.log))
+    table = merge(started, phases)
+    TIME_TABLE.write_text(json.dumps(table, indent=1) + "\n")
+    print_table(table)
+    say(f"==> the suite took {table['wall_seconds'] / 60:.1f} min; exit status {1 if status else 0}")
+    return 1 if status else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
