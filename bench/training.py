@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Training benchmark: the job template's overhead, and the cost of JIT ops.
 
-On a local cluster (bench/training.yaml's shape: two compute nodes with the
-training environment) it runs the DeepSpeed example:
+On a local cluster (tests/integration/cluster.yaml's shape: two compute nodes with
+the training environment and a utility node) it runs the DeepSpeed example:
 
 - through deepspeed.sbatch on 1 and on 2 nodes,
 - by hand with torchrun on one node (same script, same flags),
@@ -38,13 +38,13 @@ sys.path.insert(0, str(REPO / "src"))
 from clusterbake.job_report import events  # noqa: E402
 
 CB = str(REPO / ".venv" / "bin" / "clusterbake")
-BASE = (REPO / "tests" / "integration" / "training.yaml").read_text()
+BASE = (REPO / "tests" / "integration" / "cluster.yaml").read_text()
 TRAIN = ["/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json"]
 
 
 def bench_config(directory: Path) -> Path:
     path = directory / "bench-train.yaml"
-    path.write_text(BASE.replace("cluster_name: citrain", "cluster_name: benchtrain").replace("10.80.", "10.75."))
+    path.write_text(BASE.replace("cluster_name: citest", "cluster_name: benchtrain").replace("10.78.", "10.75."))
     return path
 
 

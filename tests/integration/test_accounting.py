@@ -140,8 +140,8 @@ def test_sacct_lists_the_example_job_after_a_head_restart(cluster):
     cb("node", "stop", "head")
     cb("node", "start", "head")
     states = lambda: on("head", "sinfo -h -N -o '%N %t'", check=False).stdout.split()  # noqa: E731
-    idle = lambda: states() == ["cpu-1", "idle", "cpu-2", "idle"]  # noqa: E731
-    wait_for("both nodes idle after the head's restart", idle, 180, states)
+    idle = lambda: states() == ["cpu-1", "idle", "cpu-2", "idle", "util-1", "idle"]  # noqa: E731
+    wait_for("every node idle after the head's restart", idle, 180, states)
 
     record = sacct(job_id)
     assert record["JobName"] == "ci-accounting" and record["User"] == "researcher" and record["Account"] == "general"

@@ -32,9 +32,13 @@ def test_cluster_without_image_says_make_image(tmp_path):
         f"cluster_name: noimage\nnode_groups: [{{name: cpu, count: 1}}]\nlocal:\n  state_dir: {tmp_path}/state\n"
         "  subnet: 10.79.0.0/24\n"
     )
-    result = run(["make", "cluster", f"CONFIG={config}"], check=False)
-    assert result.returncode != 0
-    assert "run `make image`" in result.stderr
-    assert cb("cluster", "up", config=config, check=False).returncode == 3
-    assert leftovers("noimage") == []
-    assert not (tmp_path / "state" / "clusters").exists()
+    state = {"CLUSTERBAKE_STATE_DIR": str(tmp_path / "state")}  # its own (empty) store, whatever the run's
+    try:
+        result = run(["make", "cluster", f"CONFIG={config}"], check=False, env=state)
+        assert result.returncode != 0
+        assert "run `make image`" in result.stderr
+        assert cb("cluster", "up", config=config, check=False, env=state).returncode == 3
+        assert leftovers("noimage") == []
+        assert not (tmp_path / "state" / "clusters").exists()
+    finally:  # had it come up, it must not stay up under the other tests
+        cb("cluster", "down", config=config, check=False, env=state)

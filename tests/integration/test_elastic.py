@@ -19,9 +19,12 @@ from localtest import REPO, cb, on, run
 from polling import submit_and_time_the_start, wait_for
 from timetable import boots_cluster
 
+from clusterbake.config import load_config
+from clusterbake.state import StateDir
+
 pytestmark = pytest.mark.integration
 CONFIG = REPO / "tests" / "integration" / "elastic.yaml"
-STATE = "/var/lib/clusterbake/clusters/citelastic"
+STATE = StateDir.for_config(load_config(CONFIG)).cluster("citelastic").root  # CLUSTERBAKE_STATE_DIR too
 
 
 @pytest.fixture(scope="module")

@@ -212,7 +212,7 @@ def last_node_of(job_id: str) -> str:
 
 
 def test_a_spot_reclaim_mid_training_drains_checkpoints_and_requeues(faults_cluster):
-    job_id, output = submit_training("ci-reclaim", steps=40, every=10)
+    job_id, output = submit_training("ci-reclaim", steps=30, every=10)
     wait_until_step(output, 5)
     victim = last_node_of(job_id)
     interrupt = subprocess.Popen(
@@ -237,13 +237,13 @@ def test_a_spot_reclaim_mid_training_drains_checkpoints_and_requeues(faults_clus
     log = fon("head", f"cat {output}").stdout
     assert "asking for a checkpoint" in log and "checkpoint written; requeueing job" in log
     done = [e for e in events(log) if e["event"] == "done"][-1]  # the first run's ended at the checkpoint
-    assert done["steps"] == 40 and not done["stopped_by_signal"]
+    assert done["steps"] == 30 and not done["stopped_by_signal"]
     assert redone_steps(log) <= 0  # it checkpointed when told: no step trained twice
     wait_back(victim, timeout=120)  # reclaimed, then started again by the head's reconcile loop
 
 
 def test_a_node_killed_mid_training_is_replaced_and_the_job_resumes(faults_cluster):
-    job_id, output = submit_training("ci-killed", steps=40, every=10)
+    job_id, output = submit_training("ci-killed", steps=30, every=10)
     poll(lambda: any(e["event"] == "checkpoint" for e in training_events(output)), 300, 1)
     wait_until_step(output, 14)
     victim = last_node_of(job_id)
@@ -254,7 +254,7 @@ def test_a_node_killed_mid_training_is_replaced_and_the_job_resumes(faults_clust
     assert wait_finished(job_id) == "COMPLETED"
     log = fon("head", f"cat {output}").stdout
     done = [e for e in events(log) if e["event"] == "done"][-1]  # the first run's ended at the checkpoint
-    assert done["steps"] == 40 and not done["stopped_by_signal"]
+    assert done["steps"] == 30 and not done["stopped_by_signal"]
     assert redone_steps(log) <= 10  # at most one checkpoint interval trained twice
     power_log = fon("head", "cat /var/log/clusterbake/power.log").stdout
     assert f"DOWN {victim}: clusterbake: node lost: its machine is not running" in power_log

@@ -23,7 +23,7 @@ def slurm_states():
 
 def test_make_cluster_ends_with_idle_nodes(cluster):
     assert "compute nodes idle" in cluster.stdout
-    assert slurm_states() == {"cpu-1": "idle", "cpu-2": "idle"}
+    assert slurm_states() == {"cpu-1": "idle", "cpu-2": "idle", "util-1": "idle"}
 
 
 def test_new_compute_nodes_join_during_the_play_and_slurmd_after_it(cluster):
@@ -31,9 +31,9 @@ def test_new_compute_nodes_join_during_the_play_and_slurmd_after_it(cluster):
     timer, which start after the play (slurmctld runs): a slurmd started before slurmctld fails its
     configless fetch, and systemd counts a restart, which the health check holds against the node."""
     early = re.findall(r"(\S+) joined during the play, but for slurmd, clusterbake-health.timer", cluster.stderr)
-    assert sorted(hostlist.expand_hostlist(",".join(early))) == ["cpu-1", "cpu-2"], cluster.stderr
-    assert "cpu-[1-2]: joined, slurmd, clusterbake-health.timer started" in cluster.stderr
-    for node in ("cpu-1", "cpu-2"):
+    assert sorted(hostlist.expand_hostlist(",".join(early))) == ["cpu-1", "cpu-2", "util-1"], cluster.stderr
+    assert "cpu-[1-2],util-1: joined, slurmd, clusterbake-health.timer started" in cluster.stderr
+    for node in ("cpu-1", "cpu-2", "util-1"):
         shown = on(node, "systemctl show --property=NRestarts --property=ActiveState slurmd").stdout.split()
         assert sorted(shown) == ["ActiveState=active", "NRestarts=0"], (node, shown)
         assert on(node, "systemctl is-active clusterbake-health.timer munge").stdout.split() == ["active"] * 2
@@ -46,7 +46,7 @@ def test_nodes_boot_without_failed_units_and_skip_what_a_container_has_no_use_fo
     """Every node's systemd reaches `running`: the NFS client stack the image carries for the clouds
     (whose rpc_pipefs mount fails in a container, leaving the node `degraded`) and the disk and
     package housekeeping are masked in the node's own root, never in the image."""
-    for node in ("head", "cpu-1", "cpu-2"):
+    for node in ("head", "cpu-1", "cpu-2", "util-1"):
         state = on(node, "systemctl is-system-running", check=False).stdout.strip()
         failed = on(node, "systemctl --failed --no-legend --plain", check=False).stdout
         assert state == "running", (node, state, failed)
@@ -88,12 +88,15 @@ def test_sbatch_as_user_writes_to_shared(cluster):
 
 
 def test_user_has_same_uid_everywhere(cluster):
-    for node in ("head", "cpu-1", "cpu-2"):
+    for node in ("head", "cpu-1", "cpu-2", "util-1"):
         assert on(node, "id -u researcher").stdout.strip() == "2001"
 
 
 def test_munge_key_identical_private_and_unlogged(cluster):
-    sums = {node: on(node, "sha256sum /etc/munge/munge.key").stdout.split()[0] for node in ("head", "cpu-1", "cpu-2")}
+    sums = {
+        node: on(node, "sha256sum /etc/munge/munge.key").stdout.split()[0]
+        for node in ("head", "cpu-1", "cpu-2", "util-1")
+    }
     assert len(set(sums.values())) == 1
     assert on("cpu-1", "stat -c '%a %U:%G' /etc/munge/munge.key").stdout.strip() == "400 munge:munge"
     # A credential made on a compute node decodes on the head: the key really is shared.
@@ -150,6 +153,7 @@ def test_status_json_reports_nodes(cluster):
         ("head", "running", None),
         ("cpu-1", "running", "idle"),
         ("cpu-2", "running", "idle"),
+        ("util-1", "running", "idle"),
     ]
     assert status["image"].startswith("clusterbake-debian-12-")
 
@@ -274,7 +278,7 @@ def host_leftovers(cluster: str) -> dict[str, list[str]]:
     """Everything of this cluster that could outlive a destroy on the host."""
     netns = [p.name for p in Path("/run/netns").glob(f"cb-{cluster}-*")] if Path("/run/netns").exists() else []
     links = [line.split(":")[1].strip() for line in run(["ip", "-o", "link"]).stdout.splitlines()]
-    ours = {bridge_name(cluster)} | {veth_name(cluster, n) for n in ("head", "cpu-1", "cpu-2")}
+    ours = {bridge_name(cluster)} | {veth_name(cluster, n) for n in ("head", "cpu-1", "cpu-2", "util-1")}
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     processes = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):

@@ -13,7 +13,9 @@ import pytest
 import yaml
 from localtest import CONFIG, cb
 
+from clusterbake.config import load_config
 from clusterbake.nspawn import machines
+from clusterbake.state import StateDir
 
 pytestmark = pytest.mark.integration
 INOTIFY = Path("/proc/sys/fs/inotify/max_user_instances")
@@ -26,7 +28,8 @@ def _config(tmp_path: Path, name: str, subnet: str, count: int, **local) -> Path
     config["cluster_name"] = name
     config["local"] = {"subnet": subnet, **local}
     config["head"] = {"cpus": 1, "memory_mb": 1024}
-    config["node_groups"][0] |= {"count": count, "cpus": 1, "memory_mb": 512}
+    config["node_groups"] = [config["node_groups"][0] | {"count": count, "cpus": 1, "memory_mb": 512}]
+    config["partitions"] = [p for p in config["partitions"] if p["node_groups"] == ["cpu"]]
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -52,8 +55,7 @@ def debian_limits():
 
 def test_a_node_that_never_answers_keeps_its_journal_after_the_rollback(image, tmp_path):
     path = _config(tmp_path, "bootfail", "10.75.0.0/24", 1, boot_timeout=10)
-    state = Path(yaml.safe_load(path.read_text())["local"].get("state_dir", "/var/lib/clusterbake"))
-    cluster_dir = state / "clusters" / "bootfail"
+    cluster_dir = StateDir.for_config(load_config(path)).cluster("bootfail").root  # CLUSTERBAKE_STATE_DIR too
     (cluster_dir / "inject").mkdir(parents=True, exist_ok=True)
     (cluster_dir / "inject" / "boot-fail").write_text("cpu-1\n")  # its ssh.service masked at boot
     try:

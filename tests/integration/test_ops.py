@@ -2,9 +2,9 @@
 (replace a node, users, the munge key, a slurm.conf change, a rolling image update), and what the
 playbook changed is consistent with the config: a second `cluster up` finds nothing to do.
 
-The cluster (tests/integration/ops.yaml) has no training environment: its image is small, and the
-rolling update moves it to a second image (the same config with a package pin, built once and
-reused while the image inputs stay the same).
+The cluster (tests/integration/ops.yaml) boots the suite's image; the rolling update moves it to a
+second image (the same config with a package pin), whose build starts in the background as the
+module starts, so that it runs while the other tests wait on their jobs and nodes.
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ import base64
 import hashlib
 import json
 import re
+import signal
+import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from localtest import REPO, cb, on, run
+from localtest import CB, REPO, cb, on, run
 from polling import wait_for
 from timetable import boots_cluster
 
@@ -38,6 +41,28 @@ def ops_cluster():
     up = cb("cluster", "up", config=CONFIG, timeout=600)
     yield up
     cb("cluster", "down", config=CONFIG, timeout=300)
+
+
+@dataclass
+class NewerImage:
+    config: Path  # ops.yaml with `less` pinned to the version the cluster's image has
+    build: subprocess.Popen  # `clusterbake image build` of it
+
+
+@pytest.fixture(scope="module", autouse=True)
+def newer_image(ops_cluster, tmp_path_factory):
+    """The rolling update's newer image, built in the background from the module's start on."""
+    current = json.loads(cb("cluster", "status", "--json", config=CONFIG).stdout)
+    less = json.loads((Path(current_image_dir(current)) / "manifest.json").read_text())["versions"]["packages"]["less"]
+    image = {**yaml.safe_load(CONFIG.read_text())["image"], "package_pins": {"less": less}}
+    config = config_with(tmp_path_factory.mktemp("newer"), "newer.yaml", image=image)
+    build = subprocess.Popen(
+        [*CB, "--config", str(config), "image", "build"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    yield NewerImage(config, build)
+    if build.poll() is None:  # the module ended early: stop the build (SIGINT: it removes its leftovers)
+        build.send_signal(signal.SIGINT)
+        build.communicate(timeout=120)
 
 
 def ops(name: str, *args: str, config: Path = CONFIG, check: bool = True):
@@ -219,12 +244,11 @@ def _log_of(result) -> str:
     return Path(log).read_text()
 
 
-def test_rolling_image_update_moves_each_group_and_keeps_jobs(ops_cluster, tmp_path):
+def test_rolling_image_update_moves_each_group_and_keeps_jobs(ops_cluster, newer_image):
     current = json.loads(cb("cluster", "status", "--json", config=CONFIG).stdout)
-    less = json.loads((Path(current_image_dir(current)) / "manifest.json").read_text())["versions"]["packages"]["less"]
-    newer = config_with(tmp_path, "newer.yaml", image={**yaml.safe_load(CONFIG.read_text())["image"],
-                                                       "package_pins": {"less": less}})  # fmt: skip
-    cb("image", "build", config=newer, timeout=1800)
+    built, _ = newer_image.build.communicate(timeout=1800)
+    assert newer_image.build.returncode == 0, built[-4000:]
+    newer = newer_image.config
     status = json.loads(cb("cluster", "status", "--json", config=newer).stdout)
     assert status["newest_image"] != status["image"], status
     target = status["newest_image"]

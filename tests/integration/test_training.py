@@ -1,31 +1,21 @@
-"""The researchers' path on a real cluster: DeepSpeed across nodes with sbatch,
-checkpoint and requeue, clear failures, and a report that names the transport."""
+"""The researchers' path on a real cluster (the suite's shared one, tests/integration/cluster.yaml):
+DeepSpeed across nodes with sbatch, checkpoint and requeue, clear failures, and a report that names
+the transport."""
 
 import json
 import re
 import time
-from pathlib import Path
 
 import pytest
-from localtest import REPO, cb, on, run
-from timetable import boots_cluster
+from localtest import CONFIG, REPO, cb, on, run
 
 from clusterbake.job_report import events
 
-CONFIG = Path(__file__).with_name("training.yaml")
 TRAIN = ["/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json"]
 
 
 def tcb(*args, **kwargs):
     return cb(*args, config=CONFIG, **kwargs)
-
-
-@pytest.fixture(scope="module")
-@boots_cluster("local 1+2+1 util (training.yaml)")
-def training_cluster(image):
-    tcb("cluster", "up", timeout=600)
-    yield
-    tcb("cluster", "down", timeout=300)
 
 
 def job_state(job_id: str) -> str:
@@ -34,17 +24,17 @@ def job_state(job_id: str) -> str:
     return match.group(1) if match else "GONE"
 
 
-def test_example_trains_across_two_nodes(training_cluster):
+def test_example_trains_across_two_nodes(cluster):
     result = tcb(
         "job", "submit", "deepspeed", "--nodes", "2", "--upload", str(REPO / "examples/deepspeed"),
-        "--job-name", "ci-example", "--wait", "--raw", "--", *TRAIN, "--steps", "30", "--checkpoint-every", "10",
+        "--job-name", "ci-example", "--wait", "--raw", "--", *TRAIN, "--steps", "12", "--checkpoint-every", "6",
         timeout=900,
     )  # fmt: skip
     found = events(result.stdout)  # --raw: the event lines as the job wrote them
     init = next(e for e in found if e["event"] == "init")
     done = next(e for e in found if e["event"] == "done")
     assert init["world_size"] == 2 and sorted(init["hosts"]) == ["cpu-1", "cpu-2"]
-    assert done["steps"] == 30
+    assert done["steps"] == 12
     assert done["final_loss"] < done["first_loss"]
     # The summary names the transport the collective library used.
     assert "transport: gloo over TCP" in result.stdout
@@ -56,10 +46,10 @@ def test_example_trains_across_two_nodes(training_cluster):
     assert on("cpu-1", "ls /shared/checkpoints/ci-example", config=CONFIG).stdout.split().count("latest") == 1
 
 
-def test_requeued_job_resumes_from_its_checkpoint(training_cluster):
+def test_requeued_job_resumes_from_its_checkpoint(cluster):
     submitted = tcb(
         "job", "submit", "deepspeed", "--nodes", "2", "--upload", str(REPO / "examples/deepspeed"),
-        "--job-name", "ci-requeue", "--", *TRAIN, "--steps", "40", "--checkpoint-every", "10",
+        "--job-name", "ci-requeue", "--", *TRAIN, "--steps", "30", "--checkpoint-every", "10",
     ).stdout  # fmt: skip
     job_id = re.search(r"submitted job (\d+)", submitted).group(1)
     output = f"/shared/jobs/ci-requeue-{job_id}.out"
@@ -85,7 +75,7 @@ def test_requeued_job_resumes_from_its_checkpoint(training_cluster):
     resumed = next(e for e in found if e["event"] == "resumed")
     done = next(e for e in found if e["event"] == "done")
     assert resumed["step"] in checkpoints and resumed["step"] >= 10
-    assert done["steps"] == 40
+    assert done["steps"] == 30
     # No more than one checkpoint interval redone: the last step before the requeue
     # is at most 10 past the checkpoint the job resumed from.
     first_run = log.split("(restart 1)")[0]
@@ -93,7 +83,7 @@ def test_requeued_job_resumes_from_its_checkpoint(training_cluster):
     assert last_step_before - resumed["step"] <= 10
 
 
-def test_node_group_without_training_environment_fails_clearly(training_cluster):
+def test_node_group_without_training_environment_fails_clearly(cluster):
     result = tcb(
         "job", "submit", "deepspeed", "--partition", "util", "--upload", str(REPO / "examples/deepspeed"),
         "--job-name", "ci-util", "--wait", "--", *TRAIN, "--steps", "5",
@@ -104,7 +94,7 @@ def test_node_group_without_training_environment_fails_clearly(training_cluster)
     assert "lacks the train feature" in result.stdout
 
 
-def test_bad_deepspeed_config_fails_clearly(training_cluster):
+def test_bad_deepspeed_config_fails_clearly(cluster):
     on("head", "printf '{\"train_micro_batch_size_per_gpu\": ' > /shared/bad_ds.json", config=CONFIG)
     result = tcb(
         "job", "submit", "deepspeed", "--nodes", "2", "--job-name", "ci-badconfig", "--wait", "--",
@@ -115,7 +105,7 @@ def test_bad_deepspeed_config_fails_clearly(training_cluster):
     assert "clusterbake: bad DeepSpeed config /shared/bad_ds.json" in result.stdout
 
 
-def test_make_job_prints_a_summary_and_fails_on_failure(training_cluster):
+def test_make_job_prints_a_summary_and_fails_on_failure(cluster):
     ok = run(["make", "job", f"CONFIG={CONFIG}", "STEPS=12", "JOB_NAME=ci-make-job"], timeout=900)
     assert re.search(r"training: 12 steps, loss [\d.]+ -> [\d.]+, \d+ tokens/s", ok.stdout)
     # A progress line per step, not the JSON the job writes (its output file keeps that).
@@ -126,13 +116,13 @@ def test_make_job_prints_a_summary_and_fails_on_failure(training_cluster):
     assert failed.returncode != 0
 
 
-def test_hello_distributed_all_reduce(training_cluster):
+def test_hello_distributed_all_reduce(cluster):
     result = tcb("job", "submit", "hello-distributed", "--nodes", "2", "--wait", "--raw", timeout=300)
     hello = [e for e in events(result.stdout) if e["event"] == "hello"]
     assert len(hello) == 2 and all(e["ok"] and e["sum"] == 1.0 for e in hello)
 
 
-def test_sweep_over_one_and_two_nodes_writes_its_table_and_plot(training_cluster, tmp_path):
+def test_sweep_over_one_and_two_nodes_writes_its_table_and_plot(cluster, tmp_path):
     result = tcb("sweep", "--nodes", "1,2", "--steps", "6", "--out", str(tmp_path), timeout=900)
     rows = (tmp_path / "sweep.txt").read_text().splitlines()
     assert result.stdout.startswith("\n".join(rows))  # printed as written

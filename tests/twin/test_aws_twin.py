@@ -219,7 +219,7 @@ def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_r
     submitted = twin.cb(
         "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "twin-spot",
         "--", "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json",
-        "--steps", "60", "--checkpoint-every", "20",
+        "--steps", "40", "--checkpoint-every", "20",
     ).stdout  # fmt: skip
     job_id = re.search(r"submitted job (\d+)", submitted).group(1)
     output = f"/shared/jobs/twin-spot-{job_id}.out"
@@ -252,7 +252,7 @@ def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_r
     text = log()
     assert "asking for a checkpoint" in text and "checkpoint written; requeueing job" in text
     done = [e for e in events(text) if e["event"] == "done"][-1]  # the first run's ended at the checkpoint
-    assert done["steps"] == 60 and not done["stopped_by_signal"]
+    assert done["steps"] == 40 and not done["stopped_by_signal"]
     first_run = text.split("(restart 1)")[0]
     last_before = max(e["step"] for e in events(first_run) if e["event"] == "step")
     resumed = next(e for e in events(text) if e["event"] == "resumed")

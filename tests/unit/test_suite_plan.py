@@ -4,6 +4,7 @@ and subnet of its own; the time table records what each module, fixture and clus
 
 from __future__ import annotations
 
+import ast
 import ipaddress
 import json
 import os
@@ -35,7 +36,23 @@ def test_each_twins_modules_share_one_lane_with_its_image():
         holding = [lane for lane in lanes if any(m.startswith(f"tests/twin/test_{cloud}") for m in lane.modules)]
         assert len(holding) == 1, cloud
         assert holding[0].images == ("suite", f"{cloud} twin")
-    assert all(lane.images == ("suite",) for lane in lanes if lane.name.startswith("local"))
+    assert all(lane.images == ("suite",) for lane in lanes if "twin" not in lane.name)
+
+
+def test_the_modules_of_the_shared_local_cluster_share_one_lane():
+    """The session fixture `cluster` (tests/integration/cluster.yaml) is one cluster per pytest run."""
+    users = set()
+    for path in (REPO / "tests" / "integration").glob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.FunctionDef)
+                and node.name.startswith("test_")
+                and "cluster" in [a.arg for a in node.args.args]
+            ):
+                users.add(str(path.relative_to(REPO)))
+    assert len(users) >= 3, users
+    lanes, _ = suite.plan_lanes(suite.node_modules())
+    assert [lane.name for lane in lanes if users & set(lane.modules)] == ["shared"]
 
 
 def test_test_clusters_have_names_and_subnets_of_their_own():
