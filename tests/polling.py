@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import time
 from collections.abc import Callable
@@ -46,3 +47,14 @@ def submit_and_time_the_start(on_head: Callable[[str, float], str], options: str
     job, millis, state = on_head(script, 400).split()
     assert state == "RUNNING", f"job {job}: {state}"
     return job, int(millis) / 1000
+
+
+def drained_by_the_poll_that_saw_the_notice(notice_log: str, node: str) -> bool:
+    """The notice agent's log (/var/log/clusterbake/notice.log) shows a notice and, next, the drain of
+    `node` that it did in the same poll, which succeeded: "within a poll" (docs/faults.md), read from
+    what the agent did rather than timed from outside, which a loaded machine would skew."""
+    lines = [line.split(" ", 1)[1] for line in notice_log.splitlines() if " " in line]
+    return any(
+        first.startswith("notice: ") and second == f"drain {node}: {first[len('notice: ') :]}"
+        for first, second in itertools.pairwise(lines)
+    )
