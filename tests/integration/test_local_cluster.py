@@ -59,6 +59,15 @@ def test_nodes_boot_without_failed_units_and_skip_what_a_container_has_no_use_fo
     assert not (image / "etc/systemd/system-generators/systemd-sysv-generator").is_symlink()
 
 
+def test_clusterbake_ssh_runs_a_command_as_root_with_its_output_and_exit_status(cluster):
+    """The CLI's own ssh (the tests' `on` keeps a connection open instead): stdout, stderr and the
+    command's exit status come back as the node gave them; stdin reaches the command."""
+    result = cb("ssh", "cpu-1", "--", "id -un; hostname; cat; echo oops >&2; exit 3", input="from stdin\n", check=False)
+    assert result.returncode == 3
+    assert result.stdout.split("\n")[:3] == ["root", "cpu-1", "from stdin"]
+    assert result.stderr.strip() == "oops"
+
+
 def test_srun_runs_on_both_nodes(cluster):
     out = on("head", "srun -N2 hostname").stdout.split()
     assert sorted(out) == ["cpu-1", "cpu-2"]

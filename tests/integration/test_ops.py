@@ -130,7 +130,8 @@ def test_replace_waits_for_the_job_then_gives_the_node_a_new_disk(ops_cluster):
     assert time.monotonic() - started > 10, "the node was replaced before its job ended"
     assert job_result(job) == "COMPLETED 0:0"  # the job ran to its end
     assert on("cpu-1", "cat /etc/machine-id", config=CONFIG).stdout.strip() != machine_id  # a new disk
-    assert node_states()["cpu-1"] == "idle", node_states()  # resumed
+    # Resumed; a new node is "idle*" (not responding) until slurmctld's next ping: wait for that.
+    wait_for("cpu-1 idle", lambda: node_states()["cpu-1"] == "idle", 60, node_states)
     assert on("cpu-1", "id -u researcher", config=CONFIG).stdout.strip() == "2001"  # joined by itself
     assert sorted(head("srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
 
@@ -267,7 +268,7 @@ def test_rolling_image_update_moves_each_group_and_keeps_jobs(ops_cluster, newer
         "cpu-1": target,
         "cpu-2": target,
     }
-    assert node_states() == {"cpu-1": "idle", "cpu-2": "drain"}
+    wait_for("cpu-1 idle, cpu-2 drained", lambda: node_states() == {"cpu-1": "idle", "cpu-2": "drain"}, 60, node_states)
     assert "bad DIMM" in head("sinfo -h -N -n cpu-2 -o %E").stdout
     ops("resume", "-e", "nodes=cpu-2")
     for node in ("cpu-1", "cpu-2"):

@@ -53,6 +53,16 @@ def test_srun_on_both_nodes(twin):
     assert sorted(result.stdout.split()) == ["cpu-1", "cpu-2"]
 
 
+def test_clusterbake_ssh_reaches_a_node_as_its_login_user_and_runs_as_root(twin):
+    """The CLI's own ssh on a cloud node: the login user, then sudo (the tests' `on` keeps a
+    connection open instead); the command's output and exit status come back."""
+    result = twin.cb("ssh", "cpu-1", "--", "id -un; echo $SUDO_USER; exit 3", check=False)
+    assert result.returncode == 3
+    from clusterbake.config import load_config
+
+    assert result.stdout.split() == ["root", load_config(twin.config).aws.ssh_user]
+
+
 def test_second_cluster_up_changes_nothing(twin):
     before = {n: twin.instance(n)["InstanceId"] for n in ("head", "cpu-1", "cpu-2")}
     result = twin.cb("cluster", "up", timeout=900)
