@@ -77,7 +77,7 @@ lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
 # then the node tests in lanes side by side (each lane's clusters on their own bridges), and a
 # module that changes the host for every cluster alone after them. It ends with the time table
 # (build/test-times.json: phases, lanes, modules, fixtures, cluster boots); lane logs in build/.
-OFFLINE_TESTS := tests/unit tests/aws tests/azure
+OFFLINE_TESTS := tests/unit tests/aws tests/azure tests/security
 
 test: deps venv ## Unit and integration tests (builds the images they boot), then the time table
 	$(VENV)/bin/python tests/suite.py

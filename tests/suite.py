@@ -30,7 +30,7 @@ BUILD = REPO / "build"
 TIMES = BUILD / "times"
 TIME_TABLE = BUILD / "test-times.json"
 VENV_BIN = REPO / ".venv" / "bin"
-OFFLINE_TESTS = ["tests/unit", "tests/aws", "tests/azure"]
+OFFLINE_TESTS = ["tests/unit", "tests/aws", "tests/azure", "tests/security"]
 NODE_DIRS = ["tests/integration", "tests/twin"]
 CB = [str(VENV_BIN / "clusterbake")]
 # The images the node tests boot, in the order they build (a twin's is a layer on the suite's).

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -391,8 +390,10 @@ def cmd_twin(args: argparse.Namespace) -> int:
 
     state = StateDir.for_config(_load(args))
     if args.twin_command == "up":
-        for key, value in control.up(_load(args), state).items():
-            print(f"export {key}={shlex.quote(value)}")
+        from clusterbake.twins import host
+
+        env = control.up(_load(args), state)
+        print("\n".join(host.shell_exports(env, control.SECRET_ENV, control.twin_dir(state))))
         say(
             f'    use it: eval "$(clusterbake twin up {args.cloud})" (prints the lines above), '
             "then any clusterbake command"

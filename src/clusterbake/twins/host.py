@@ -7,6 +7,7 @@ import contextlib
 import http.client
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -20,6 +21,21 @@ from clusterbake.images.store import CLOUD_BOOT_GROUPS
 from clusterbake.nspawn import machines, network
 from clusterbake.progress import phase
 from clusterbake.state import StateDir
+from clusterbake.twins.runtime import write_private
+
+
+def shell_exports(env: dict[str, str], secret_keys: tuple[str, ...], directory: Path) -> list[str]:
+    """`export` lines for `eval "$(clusterbake twin up ...)"`. A secret's value is not printed (it
+    would land in terminals and CI logs): it goes to a 0600 file the line reads at eval time."""
+    lines = []
+    for key, value in env.items():
+        if key in secret_keys:
+            path = directory / key.lower()
+            write_private(path, value)
+            lines.append(f'export {key}="$(cat {shlex.quote(str(path))})"')
+        else:
+            lines.append(f"export {key}={shlex.quote(value)}")
+    return lines
 
 
 def read_info(path: Path) -> dict | None:

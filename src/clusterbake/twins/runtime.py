@@ -48,7 +48,8 @@ def in_netns(name: str, function):
 
 
 def write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # a file that was there keeps its mode through O_CREAT
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
 

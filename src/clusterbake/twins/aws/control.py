@@ -30,6 +30,8 @@ REGION = "us-east-1"
 ZONE = "us-east-1a"
 PROFILE = "clusterbake-twin"
 START_TIMEOUT = 120.0
+# Values `twin up` does not print: the administrator key is in a 0600 credentials file.
+SECRET_ENV: tuple[str, ...] = ()
 STOP_TIMEOUT = 120.0
 # The node image's features: the training environment and the AWS boot path.
 IMAGE_FEATURES = ["train", "aws"]

@@ -21,7 +21,8 @@ session of its own, logging to <twin dir>/twin.log. One process, threads:
   <twin dir>/capacity.json), which moto_ext reads at each RunInstances.
 
 The ids of the twin's VPC, subnet and AMI are the same on every start (moto's random
-source is seeded before they are created), so a config file can name them.
+source is seeded before they are created), so a config file can name them. Keys are
+not: the administrator's key and the instances' credentials come from os.urandom.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ CHECKPOINT_BUCKET = "clusterbake-twin-checkpoints"
 CREDENTIAL_SECONDS = 6 * 3600
 POLL = 0.25
 SERVICE_NETNS = "cbsvc-twin-aws"
+
+
+def unpredictable_moto_random() -> None:
+    """Draw moto's randomness (access keys, secret keys, session tokens, ids) from os.urandom."""
+    import random
+
+    from moto.moto_api._internal import mock_random
+
+    system = random.SystemRandom()
+    mock_random.random = system.random
+    mock_random.getrandbits = system.getrandbits
 
 
 class Twin:
@@ -100,15 +112,6 @@ class Twin:
         url = f"http://{self.args.address}:{self.args.port}"
         iam = session.client("iam", region_name=self.region, endpoint_url=url)
         ec2 = session.client("ec2", region_name=self.region, endpoint_url=url)
-        iam.create_user(UserName=ADMIN_USER)
-        iam.put_user_policy(
-            UserName=ADMIN_USER,
-            PolicyName="administrator",
-            PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-            ),
-        )
-        key = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]
         vpc = ec2.create_vpc(
             CidrBlock=self.args.vpc_cidr,
             TagSpecifications=[{"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "clusterbake-twin"}]}],
@@ -140,6 +143,19 @@ class Twin:
         # account's own, like the VPC; clusterbake never creates buckets.
         s3 = session.client("s3", region_name=self.region, endpoint_url=url)
         s3.create_bucket(Bucket=CHECKPOINT_BUCKET)
+        # Ids above come from the seeded source (stable across starts); every key from here on
+        # (the administrator's, the instances' role sessions) from the system's CSPRNG: a key
+        # drawn after a public seed is one anybody recomputes.
+        unpredictable_moto_random()
+        iam.create_user(UserName=ADMIN_USER)
+        iam.put_user_policy(
+            UserName=ADMIN_USER,
+            PolicyName="administrator",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            ),
+        )
+        key = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]
         settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on, every request is signed and authorized
         log(
             f"account ready: vpc {vpc}, subnet {subnet}, images {amis}, bucket {CHECKPOINT_BUCKET}; "

@@ -32,6 +32,8 @@ PORT = 8443  # ARM
 PROXY_PORT = 8444  # the Key Vault CONNECT proxy (HTTPS_PROXY) for the host's clients
 LOCATION = "eastus"
 START_TIMEOUT = 120.0
+# Values `twin up` does not print: the managed identity endpoint's secret.
+SECRET_ENV: tuple[str, ...] = ("IDENTITY_HEADER",)
 STOP_TIMEOUT = 120.0
 IMAGE_FEATURES = ["train", "azure"]
 # What a client of the twin must not bring along: another cloud's or another ARM's settings.
