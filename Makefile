@@ -45,7 +45,7 @@ JOB_NAME ?= example-$(shell date +%Y%m%d-%H%M%S)
 STEPS ?= 60
 job: venv ## Train the DeepSpeed example on all compute nodes; summary; non-zero if it failed
 	$(CB) job submit deepspeed --nodes all --upload examples/deepspeed --job-name $(JOB_NAME) --wait -- \
-	  /shared/deepspeed/train.py --deepspeed_config /shared/deepspeed/ds_config.json --steps $(STEPS)
+	  deepspeed/train.py --deepspeed_config deepspeed/ds_config.json --steps $(STEPS)
 
 status: venv ## Nodes and their Slurm state
 	$(CB) cluster status

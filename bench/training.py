@@ -39,7 +39,7 @@ from clusterbake.job_report import events  # noqa: E402
 
 CB = str(REPO / ".venv" / "bin" / "clusterbake")
 BASE = (REPO / "tests" / "integration" / "cluster.yaml").read_text()
-TRAIN = ["/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json"]
+TRAIN = ["deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json"]
 
 
 def bench_config(directory: Path) -> Path:

@@ -66,6 +66,7 @@ LANES: dict[str, list[str]] = {
         "tests/integration/test_local_cluster.py",
         "tests/integration/test_accounting.py",
         "tests/integration/test_training.py",
+        "tests/integration/test_security.py",
         "tests/integration/test_image.py",
     ],
     "faults": [

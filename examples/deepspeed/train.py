@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import pwd
 import random
 import re
 import shutil
@@ -49,11 +50,13 @@ class UsageError(Exception):
 
 
 def default_checkpoint_dir(env: dict[str, str]) -> str:
-    """$CLUSTERBAKE_CHECKPOINT_DIR (the job template sets it), else /shared/checkpoints/<Slurm job name>."""
+    """$CLUSTERBAKE_CHECKPOINT_DIR (the job template sets it), else the user's own
+    /shared/checkpoints/<user>/<Slurm job name> (never a directory another user could have made)."""
     if env.get("CLUSTERBAKE_CHECKPOINT_DIR"):
         return env["CLUSTERBAKE_CHECKPOINT_DIR"]
     job_name = env.get("SLURM_JOB_NAME") or "deepspeed"
-    return f"/shared/checkpoints/{job_name}"
+    user = env.get("USER") or env.get("LOGNAME") or pwd.getpwuid(os.getuid()).pw_name
+    return f"/shared/checkpoints/{user}/{job_name}"
 
 
 def request_paths(checkpoint_dir: str, env: dict[str, str]) -> list[Path]:
@@ -91,7 +94,7 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     parser.add_argument(
         "--checkpoint-dir",
         default=default_checkpoint_dir(env),
-        help="default $CLUSTERBAKE_CHECKPOINT_DIR, else /shared/checkpoints/$SLURM_JOB_NAME (or .../deepspeed)",
+        help="default $CLUSTERBAKE_CHECKPOINT_DIR, else /shared/checkpoints/$USER/$SLURM_JOB_NAME (or .../deepspeed)",
     )
     parser.add_argument("--data", default=DEFAULT_DATA, help=f"text file to train on (default {DEFAULT_DATA})")
     parser.add_argument("--seed", type=int, default=1234)

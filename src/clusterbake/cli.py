@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--partition", help="default: the default partition")
     submit.add_argument("--user", help="run as this cluster user (default: the config's first user)")
     submit.add_argument("--job-name", help="default: the template's name; names the checkpoint directory")
-    submit.add_argument("--upload", metavar="DIR", help="copy DIR to /shared/<its name> first")
+    submit.add_argument("--upload", metavar="DIR", help="copy DIR to /shared/jobs/<user>/<its name> first")
     submit.add_argument(
         "--gpus-per-node",
         type=int,

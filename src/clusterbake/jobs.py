@@ -4,6 +4,10 @@ Everything goes through the head node over SSH (clusterbake.remote, to the provi
 endpoint; one connection for the whole session), so the same code serves the local
 cluster and cloud clusters. Jobs run as a cluster user (the config's first user
 unless --user says otherwise), never as root by accident.
+
+Scripts, uploads and job output live in the user's private directory /shared/jobs/<user>
+(0700, made by the head's join where only root writes). Every write there is the job
+user's own (runuser): root never follows a path a cluster user could have planted.
 """
 
 from __future__ import annotations
@@ -28,6 +32,16 @@ from clusterbake.providers.base import Provider
 from clusterbake.remote import Endpoint
 
 JOBS_DIR = "/shared/jobs"
+# What names a job or an upload: it becomes a file name in the user's directory.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A job id as Slurm prints it (an array task: 12_3); anything else never reaches a shell line.
+JOB_ID = re.compile(r"^\d+(_\d+)?$")
+# As the job's user, in its directory (must be its own, real one): $1 the directory.
+OWN_DIRECTORY = (
+    'd=$1; if [ ! -d "$d" ] || [ -L "$d" ] || [ ! -O "$d" ]; then '
+    "echo \"clusterbake: $d is not a directory of $(id -un) (the head's join makes it: clusterbake cluster up,"
+    ' or ops user_add)" >&2; exit 3; fi; umask 077; cd "$d"'
+)
 TERMINAL = {
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT",
@@ -40,6 +54,7 @@ class JobState:
     exit_code: int
     stdout: str | None
     restarts: int
+    user: str  # whose job: its files are read as that user
 
 
 class Head:
@@ -80,7 +95,19 @@ def job_user(config: ClusterConfig, user: str | None) -> str:
         if user != "root" and user not in {u.name for u in config.users}:
             raise ConfigError(f"--user {user}: not a user of the config (users: {[u.name for u in config.users]})")
         return user
-    return config.users[0].name if config.users else "root"
+    if not config.users:
+        raise ConfigError("the config has no users: add one (users:) for jobs to run as, or pass --user root")
+    return config.users[0].name
+
+
+def user_jobs_dir(user: str) -> str:
+    return f"{JOBS_DIR}/{user}"
+
+
+def as_user(user: str, script: str, *args: str) -> str:
+    """A shell line running `script` as `user` in its own jobs directory ($1 onwards: args)."""
+    body = f"{OWN_DIRECTORY}; {script}"
+    return shlex.join(["runuser", "-u", user, "--", "sh", "-c", body, "sh", user_jobs_dir(user), *args])
 
 
 def partition_nodes(config: ClusterConfig, partition: str | None) -> tuple[str, int]:
@@ -109,19 +136,18 @@ def gres_gpus(gres: str) -> int:
 
 
 def upload(head: Head, directory: Path, user: str) -> str:
-    """Copy a directory to /shared/<name> on the cluster, owned by the job's user."""
+    """Copy a directory to /shared/jobs/<user>/<its name> on the cluster, extracted by the job's user."""
     if not directory.is_dir():
         raise ConfigError(f"--upload {directory}: not a directory")
-    target = f"/shared/{directory.resolve().name}"
+    name = directory.resolve().name
+    if not SAFE_NAME.match(name):
+        raise ConfigError(f"--upload {directory}: name the directory with letters, digits, '.', '_' or '-'")
     with tempfile.TemporaryFile() as buffer:
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             tar.add(directory, arcname=".", filter=lambda info: None if "__pycache__" in info.name else info)
         buffer.seek(0)
-        head.run(
-            f"mkdir -p {target} && tar -x --no-same-owner -C {target} && chown -R {shlex.quote(user)}: {target}",
-            stdin=buffer.read(),
-        )
-    return target
+        head.run(as_user(user, 'mkdir -p -- "$2" && tar -x --no-same-owner -C "$2"', name), stdin=buffer.read())
+    return f"{user_jobs_dir(user)}/{name}"
 
 
 def submit(
@@ -143,17 +169,16 @@ def submit(
     count = part_nodes if nodes in (None, "all") else int(nodes)
     if count < 1 or count > part_nodes:
         raise ConfigError(f"--nodes {nodes}: partition {part} has {part_nodes} nodes")
+    name = job_name or script.stem
+    if not SAFE_NAME.match(name):
+        raise ConfigError(f"--job-name {name!r}: use letters, digits, '.', '_' or '-' (it names files)")
     head = Head(get_provider(config))
     if upload_dir:
         say(f"    uploaded {upload_dir} to {upload(head, upload_dir, run_as)}")
-    name = job_name or script.stem
-    remote_script = f"{JOBS_DIR}/{name}.sbatch"
-    owner = shlex.quote(run_as)
-    head.run(
-        f"mkdir -p {JOBS_DIR} && chmod 1777 {JOBS_DIR} && cat > {remote_script} && chown {owner}: {remote_script}",
-        stdin=script.read_bytes(),
-    )
-    output = f"{JOBS_DIR}/%x-%j.out"
+    jobs_dir = user_jobs_dir(run_as)
+    remote_script = f"{jobs_dir}/{name}.sbatch"
+    head.run(as_user(run_as, 'cat > "$2.sbatch"', name), stdin=script.read_bytes())
+    output = f"{jobs_dir}/%x-%j.out"
     # Slurm gives a job GPUs only when it asks (even --exclusive ones): every GPU of the node.
     gpus = gpus_per_node(head, part) if gpus is None else gpus
     sbatch = [
@@ -162,20 +187,32 @@ def submit(
     ]  # fmt: skip
     if gpus:
         say(f"    {gpus} GPUs per node")
-    job_id = head.text(f"cd {JOBS_DIR} && runuser -u {owner} -- {shlex.join(sbatch)}").strip().split(";")[0]
+    job_id = head.text(as_user(run_as, 'shift; exec "$@"', *sbatch)).strip().split(";")[0]
     if not job_id.isdigit():
         raise ClusterbakeError(f"sbatch did not return a job id: {job_id!r}")
     return head, job_id, output.replace("%x", name).replace("%j", job_id)
 
 
 def job_state(head: Head, job_id: str) -> JobState | None:
+    if not JOB_ID.match(job_id):
+        raise ConfigError(f"job id {job_id!r}: a Slurm job id is a number (or NUMBER_TASK for an array task)")
     result = head.run(f"scontrol show job -o {job_id}", check=False)
     if result.returncode != 0:
         return None
     fields = dict(re.findall(r"(\w+)=(\S*)", result.stdout.decode(errors="replace")))
     code, _, signal = fields.get("ExitCode", "0:0").partition(":")
     exit_code = int(code) if int(code or 0) else (128 + int(signal) if int(signal or 0) else 0)
-    return JobState(fields.get("JobState", "UNKNOWN"), exit_code, fields.get("StdOut"), int(fields.get("Restarts", 0)))
+    user = fields.get("UserId", "").partition("(")[0]
+    return JobState(
+        fields.get("JobState", "UNKNOWN"), exit_code, fields.get("StdOut"), int(fields.get("Restarts", 0)), user
+    )
+
+
+def read_as(head: Head, user: str, path: str, offset: int = 0) -> bytes:
+    """A job's file from `offset` on, read by the job's user (a user's file may be a link to
+    anything root can read); empty if it is not there (yet)."""
+    tail = ["runuser", "-u", user, "--", "tail", "-c", f"+{offset + 1}", "--", path]
+    return head.run(f"{shlex.join(tail)} 2>/dev/null", check=False).stdout
 
 
 class LineStream:
@@ -202,7 +239,8 @@ def follow(head: Head, job_id: str, output: str, poll: float = 1.0, stream=sys.s
     lines = LineStream(stream, (lambda line: line) if raw else progress_line)
     while True:
         state = job_state(head, job_id)
-        chunk = head.run(f"tail -c +{offset + 1} {shlex.quote(output)} 2>/dev/null", check=False).stdout
+        user = (state or last).user if (state or last) else ""
+        chunk = read_as(head, user, output, offset) if user else b""
         if chunk:
             offset += len(chunk)
             lines.write(chunk.decode(errors="replace"))
@@ -215,21 +253,22 @@ def follow(head: Head, job_id: str, output: str, poll: float = 1.0, stream=sys.s
         last = state
         if state.state in TERMINAL:
             time.sleep(poll)  # let the last lines reach the shared filesystem
-            tail = head.run(f"tail -c +{offset + 1} {shlex.quote(output)} 2>/dev/null", check=False).stdout
-            lines.write(tail.decode(errors="replace"), final=True)
+            lines.write(read_as(head, state.user, output, offset).decode(errors="replace"), final=True)
             return state
         time.sleep(poll)
 
 
 def job_log(head: Head, job_id: str) -> str:
     state = job_state(head, job_id)
-    path = state.stdout if state and state.stdout else None
-    if not path:
-        found = head.text(f"ls -1 {JOBS_DIR}/*-{job_id}.out 2>/dev/null || true").split()
+    if state and state.stdout:
+        path, user = state.stdout, state.user
+    else:  # gone from slurmctld: the output clusterbake asked for, in its user's directory
+        found = head.text(f"ls -1 {JOBS_DIR}/*/*-{job_id}.out 2>/dev/null || true").split()
         if not found:
-            raise ClusterbakeError(f"no log for job {job_id}: not in slurmctld any more and not in {JOBS_DIR}")
+            raise ClusterbakeError(f"no log for job {job_id}: not in slurmctld any more and not in {JOBS_DIR}/<user>")
         path = found[0]
-    return head.text(f"cat {shlex.quote(path)}")
+        user = path.split("/")[3]  # /shared/jobs/<user>/<name>-<id>.out
+    return read_as(head, user, path).decode(errors="replace")
 
 
 def report(head: Head, job_id: str) -> tuple[dict, str, int]:

@@ -56,9 +56,9 @@ def parse_sizes(text: str, available: int) -> list[int]:
 
 def default_args(steps: int) -> list[str]:
     return [
-        "/shared/deepspeed/train.py",
+        "deepspeed/train.py",  # relative to /shared/jobs/<user>, where the upload lands
         "--deepspeed_config",
-        "/shared/deepspeed/ds_config.json",
+        "deepspeed/ds_config.json",
         "--steps",
         str(steps),
     ]

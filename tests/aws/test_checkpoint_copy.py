@@ -86,3 +86,24 @@ def test_a_failed_copy_is_said_and_the_exit_status_tells(moto, tmp_path):
     assert result.returncode == 1
     assert "copy to s3://no-such-bucket-here/job failed: " in result.stderr
     assert "The specified bucket does not exist" in result.stderr
+
+
+def test_a_restore_never_writes_outside_the_checkpoint_directory(moto, tmp_path):
+    """Security review finding 5: another user with write access to the copies names a `latest` of
+    ../../.., or keys with ../ in them; the victim's restore wrote where those pointed (~/.ssh)."""
+    s3 = moto.client("s3")
+    s3.create_bucket(Bucket="ckpt-shared")
+    home = tmp_path / "home" / "victim"
+    local = home / "checkpoints" / "job"
+    s3.put_object(Bucket="ckpt-shared", Key="victim/job/latest", Body=b"../../../.ssh\n")
+    s3.put_object(Bucket="ckpt-shared", Key="victim/job/../../../.ssh/authorized_keys", Body=b"ssh-ed25519 AAAA x\n")
+    tagged = copy(moto, "restore", str(local), "s3://ckpt-shared/victim/job")
+    assert tagged.returncode == 1 and "not a checkpoint tag" in tagged.stderr, tagged.stderr
+    # A good tag whose keys climb out.
+    s3.put_object(Bucket="ckpt-shared", Key="victim/job/latest", Body=b"step5\n")
+    s3.put_object(Bucket="ckpt-shared", Key="victim/job/step5/../../../../.ssh/authorized_keys", Body=b"x\n")
+    s3.put_object(Bucket="ckpt-shared", Key="victim/job/step5/mp_rank_00_model_states.pt", Body=b"model\n")
+    keyed = copy(moto, "restore", str(local), "s3://ckpt-shared/victim/job")
+    assert keyed.returncode == 1 and "not a path inside the checkpoint" in keyed.stderr, keyed.stderr
+    assert not (home / ".ssh").exists() and not (tmp_path / "home" / ".ssh").exists()
+    assert not (local / "step5").exists()  # every key checked before anything is written

@@ -14,7 +14,7 @@ from clusterbake.config import load_config
 from clusterbake.state import StateDir
 
 pytestmark = pytest.mark.integration
-TRAIN = ["/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json", "--steps", "5"]
+TRAIN = ["deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json", "--steps", "5"]
 
 
 def cluster_dir():

@@ -24,7 +24,7 @@ from clusterbake.nspawn.machines import MachinePaths
 from clusterbake.state import StateDir
 
 CONFIG = Path(__file__).with_name("faults.yaml")
-TRAIN = ["/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json"]
+TRAIN = ["deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json"]
 RECORDED = REPO / "tests" / "unit" / "data" / "health"
 
 
@@ -172,7 +172,7 @@ def submit_training(name: str, steps: int, every: int) -> tuple[str, str]:
         "--job-name", name, "--", *TRAIN, "--steps", str(steps), "--checkpoint-every", str(every),
     ).stdout  # fmt: skip
     job_id = re.search(r"submitted job (\d+)", submitted).group(1)
-    return job_id, f"/shared/jobs/{name}-{job_id}.out"
+    return job_id, f"/shared/jobs/researcher/{name}-{job_id}.out"
 
 
 def job_field(job_id: str, field: str) -> str:

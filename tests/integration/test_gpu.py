@@ -93,10 +93,9 @@ def test_sacct_records_the_gpus_of_each_job(gpus):
 
 
 def test_a_job_on_gpu_nodes_that_asks_for_no_gpu_is_refused(gpus):
-    head("mkdir -p /shared/jobs && chmod 1777 /shared/jobs")
     result = head(
-        "cd /shared/jobs && runuser -u researcher -- sbatch --parsable --wait -N1 -o /shared/jobs/nogpu.out "
-        "/opt/clusterbake/jobs/deepspeed.sbatch train.py; cat /shared/jobs/nogpu.out",
+        "cd /shared/jobs/researcher && runuser -u researcher -- sbatch --parsable --wait -N1 -o nogpu.out "
+        "/opt/clusterbake/jobs/deepspeed.sbatch train.py; cat nogpu.out",
         check=False,
         timeout=120,
     )

@@ -11,7 +11,7 @@ from localtest import CONFIG, REPO, cb, on, run
 
 from clusterbake.job_report import events
 
-TRAIN = ["/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json"]
+TRAIN = ["deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json"]
 
 
 def tcb(*args, **kwargs):
@@ -43,7 +43,8 @@ def test_example_trains_across_two_nodes(cluster):
     report = json.loads(tcb("job", "report", job_id, "--json").stdout)
     assert report["transport"]["transport"] == "gloo-tcp" and not report["transport"]["mismatch"]
     assert report["training"]["completed"] and report["training"]["world_size"] == 2
-    assert on("cpu-1", "ls /shared/checkpoints/ci-example", config=CONFIG).stdout.split().count("latest") == 1
+    listing = on("cpu-1", "ls /shared/checkpoints/researcher/ci-example", config=CONFIG).stdout.split()
+    assert listing.count("latest") == 1
 
 
 def test_requeued_job_resumes_from_its_checkpoint(cluster):
@@ -52,7 +53,7 @@ def test_requeued_job_resumes_from_its_checkpoint(cluster):
         "--job-name", "ci-requeue", "--", *TRAIN, "--steps", "30", "--checkpoint-every", "10",
     ).stdout  # fmt: skip
     job_id = re.search(r"submitted job (\d+)", submitted).group(1)
-    output = f"/shared/jobs/ci-requeue-{job_id}.out"
+    output = f"/shared/jobs/researcher/ci-requeue-{job_id}.out"
 
     def first_checkpoint_written() -> bool:
         log = on("head", f"cat {output} 2>/dev/null || true", config=CONFIG).stdout
@@ -95,14 +96,14 @@ def test_node_group_without_training_environment_fails_clearly(cluster):
 
 
 def test_bad_deepspeed_config_fails_clearly(cluster):
-    on("head", "printf '{\"train_micro_batch_size_per_gpu\": ' > /shared/bad_ds.json", config=CONFIG)
+    on("head", "printf '{\"train_micro_batch_size_per_gpu\": ' > /shared/jobs/researcher/bad_ds.json", config=CONFIG)
     result = tcb(
         "job", "submit", "deepspeed", "--nodes", "2", "--job-name", "ci-badconfig", "--wait", "--",
-        "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/bad_ds.json", "--steps", "5",
+        "deepspeed/train.py", "--deepspeed_config", "bad_ds.json", "--steps", "5",
         check=False, timeout=300,
     )  # fmt: skip
     assert result.returncode != 0
-    assert "clusterbake: bad DeepSpeed config /shared/bad_ds.json" in result.stdout
+    assert "clusterbake: bad DeepSpeed config bad_ds.json" in result.stdout
 
 
 def test_make_job_prints_a_summary_and_fails_on_failure(cluster):
@@ -111,7 +112,7 @@ def test_make_job_prints_a_summary_and_fails_on_failure(cluster):
     # A progress line per step, not the JSON the job writes (its output file keeps that).
     assert re.search(r"^(\[rank\d+\]: )?step 12: loss [\d.]+, [\d,]+ tokens/s, [\d.]+ s/step$", ok.stdout, re.M)
     assert "CLUSTERBAKE_EVENT" not in ok.stdout
-    assert "nodes: cpu-1, cpu-2" in ok.stdout and "checkpoint: /shared/checkpoints/ci-make-job/" in ok.stdout
+    assert "nodes: cpu-1, cpu-2" in ok.stdout and "checkpoint: /shared/checkpoints/researcher/ci-make-job/" in ok.stdout
     failed = run(["make", "job", f"CONFIG={CONFIG}", "STEPS=0", "JOB_NAME=ci-make-job-bad"], check=False, timeout=600)
     assert failed.returncode != 0
 

@@ -75,7 +75,8 @@ def test_deepspeed_trains_across_both_nodes_with_checkpoint_on_shared_storage(tw
     result = twin.train_deepspeed("twin-ds")
     assert "nodes: cpu-1, cpu-2 (world size 2)" in result.stdout, result.stdout[-3000:]
     # The checkpoint is on the shared file system: the head (which ran no rank) sees it.
-    listing = twin.on("head", "ls /shared/checkpoints/twin-ds && stat -c %U /shared/checkpoints/twin-ds")
+    checkpoints = "/shared/checkpoints/researcher/twin-ds"
+    listing = twin.on("head", f"ls {checkpoints} && stat -c %U {checkpoints}")
     assert "step12" in listing.stdout.split(), listing.stdout
     assert listing.stdout.split()[-1] == "researcher"
     mounts = twin.on("cpu-1", "findmnt -n -o TARGET /shared; findmnt -n -o TARGET /home")
@@ -92,10 +93,10 @@ def test_checkpoints_are_copied_to_s3_and_restored_when_shared_storage_lost_them
     assert any(key.startswith("twindemo/twin-ds/step12/") for key in keys), sorted(keys)
     latest = s3.get_object(Bucket="clusterbake-twin-checkpoints", Key="twindemo/twin-ds/latest")["Body"].read()
     assert latest == b"step12\n"
-    twin.on("head", "rm -rf /shared/checkpoints/twin-ds")  # the shared file system lost them
+    twin.on("head", "rm -rf /shared/checkpoints/researcher/twin-ds")  # the shared file system lost them
     result = twin.cb(
         "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "twin-ds",
-        "--wait", "--raw", "--", "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json",
+        "--wait", "--raw", "--", "deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json",
         "--steps", "18", "--checkpoint-every", "6",
         timeout=1200,
     )  # fmt: skip
@@ -228,11 +229,11 @@ def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_r
     state = StateDir(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")))
     submitted = twin.cb(
         "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "twin-spot",
-        "--", "/shared/deepspeed/train.py", "--deepspeed_config", "/shared/deepspeed/ds_config.json",
+        "--", "deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json",
         "--steps", "40", "--checkpoint-every", "20",
     ).stdout  # fmt: skip
     job_id = re.search(r"submitted job (\d+)", submitted).group(1)
-    output = f"/shared/jobs/twin-spot-{job_id}.out"
+    output = f"/shared/jobs/researcher/twin-spot-{job_id}.out"
 
     def log() -> str:
         return twin.on("head", f"cat {output} 2>/dev/null || true").stdout

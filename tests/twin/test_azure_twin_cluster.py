@@ -142,7 +142,8 @@ def test_deepspeed_trains_across_both_nodes_with_checkpoint_on_the_file_share(az
     result = cluster.train_deepspeed("ciaz-ds")
     assert "nodes: cpu-1, cpu-2 (world size 2)" in result.stdout, result.stdout[-3000:]
     assert "transport: gloo over TCP on eth0 [fabric tcp]" in result.stdout
-    listing = cluster.on("head", "ls /shared/checkpoints/ciaz-ds && stat -c %U /shared/checkpoints/ciaz-ds")
+    checkpoints = "/shared/checkpoints/researcher/ciaz-ds"
+    listing = cluster.on("head", f"ls {checkpoints} && stat -c %U {checkpoints}")
     assert "step12" in listing.stdout.split() and listing.stdout.split()[-1] == "researcher"
     (share,) = [p for p in (STORAGE / "files").iterdir()]
     assert (share / "shared" / "checkpoints" / "ciaz-ds" / "step12").is_dir()

@@ -67,8 +67,8 @@ class Twin:
         """The DeepSpeed example on `nodes` nodes, 12 steps with a checkpoint every 6 on /shared; waits for it."""
         return self.cb(
             "job", "submit", "deepspeed", "--nodes", str(nodes), "--upload", "examples/deepspeed",
-            "--job-name", job_name, "--wait", "--", "/shared/deepspeed/train.py",
-            "--deepspeed_config", "/shared/deepspeed/ds_config.json", "--steps", "12", "--checkpoint-every", "6",
+            "--job-name", job_name, "--wait", "--", "deepspeed/train.py",
+            "--deepspeed_config", "deepspeed/ds_config.json", "--steps", "12", "--checkpoint-every", "6",
             timeout=1200,
         )  # fmt: skip
 

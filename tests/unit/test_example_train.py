@@ -8,6 +8,7 @@ this interpreter, which has no torch.
 import importlib.util
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -72,17 +73,20 @@ def test_config_half_precision_sections_exist_and_are_off(config):
 
 
 def test_defaults(train):
-    args = train.parse_args(["--deepspeed_config", "c.json"], env={})
+    args = train.parse_args(["--deepspeed_config", "c.json"], env={"USER": "ada"})
     assert args.steps == 200
     assert args.checkpoint_every == 50
-    assert args.checkpoint_dir == "/shared/checkpoints/deepspeed"
+    assert args.checkpoint_dir == "/shared/checkpoints/ada/deepspeed"
     assert args.data == "/usr/share/common-licenses/GPL-3"
     assert (args.seq_len, args.d_model, args.n_layers, args.n_heads) == (128, 256, 4, 4)
 
 
 def test_checkpoint_dir_follows_the_slurm_job_name(train):
+    args = train.parse_args(["--deepspeed_config", "c.json"], env={"SLURM_JOB_NAME": "gpt-small", "USER": "ada"})
+    assert args.checkpoint_dir == "/shared/checkpoints/ada/gpt-small"
+    # Without USER (LOGNAME), the user the process runs as: each user's own directory.
     args = train.parse_args(["--deepspeed_config", "c.json"], env={"SLURM_JOB_NAME": "gpt-small"})
-    assert args.checkpoint_dir == "/shared/checkpoints/gpt-small"
+    assert args.checkpoint_dir == f"/shared/checkpoints/{pwd.getpwuid(os.getuid()).pw_name}/gpt-small"
     args = train.parse_args(["--deepspeed_config", "c.json", "--checkpoint-dir", "/x"], env={"SLURM_JOB_NAME": "a"})
     assert args.checkpoint_dir == "/x"
 

@@ -8,6 +8,7 @@ pass on, and the arguments they hand to srun.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -120,7 +121,7 @@ def test_a_run_without_its_checkpoint_directory_restores_from_the_copy(stubs):
     assert "step5\nweights\n" in out  # the training found the checkpoint in its directory
 
 
-def test_the_copy_root_comes_from_the_nodes_settings_plus_the_job_name(stubs, tmp_path):
+def test_the_copy_root_comes_from_the_nodes_settings_plus_the_user_and_the_job_name(stubs, tmp_path):
     settings = tmp_path / "checkpoints.env"
     settings.write_text(f"CLUSTERBAKE_CHECKPOINT_COPY_ROOT={tmp_path / 'root'}/\n")
     script = (JOBS / "deepspeed.sbatch").read_text().replace("/etc/clusterbake/checkpoints.env", str(settings))
@@ -130,7 +131,9 @@ def test_the_copy_root_comes_from_the_nodes_settings_plus_the_job_name(stubs, tm
            "SLURM_JOB_NAME": "named", "CLUSTERBAKE_CHECKPOINT_DIR": str(stubs / "ckpt"),
            "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1"}  # fmt: skip
     subprocess.run(["bash", str(stubs / "bin" / "job.sbatch"), "train.py"], env=env, check=True, capture_output=True)
-    assert (tmp_path / "root" / "named" / "latest").read_text() == "step5\n"
+    # A prefix per user: another user's copies are never what a restore reads.
+    user = pwd.getpwuid(os.getuid()).pw_name
+    assert (tmp_path / "root" / user / "named" / "latest").read_text() == "step5\n"
 
 
 def test_nccl_tests_passes_its_default_arguments_as_separate_words(tmp_path):
