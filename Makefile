@@ -7,9 +7,10 @@ CONFIG ?= $(if $(filter aws,$(PROVIDER)),examples/aws-p5.yaml,clusterbake.yaml)
 PYTHON ?= python3
 VENV := .venv
 CB := $(VENV)/bin/clusterbake --config $(CONFIG)
-HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client openssh-server python3-venv git rsync
+# nftables: the tests load the cloud nodes' metadata guard (roles/cloud_boot) into a namespace.
+HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client openssh-server python3-venv git rsync nftables
 STAMP_VENV := $(VENV)/.installed
-PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot roles/slurm_power/files/clusterbake-power roles/slurm_accounting/files/clusterbake-slurm-accounts roles/slurm_accounting/files/clusterbake-tcp-quickack roles/slurm_exporter/files/clusterbake-slurm-exporter roles/notice_agent/files/clusterbake-notice-agent roles/node_health/files/clusterbake-health
+PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot roles/slurm_power/files/clusterbake-power roles/slurm_accounting/files/clusterbake-slurm-accounts roles/slurm_accounting/files/clusterbake-tcp-quickack roles/slurm_exporter/files/clusterbake-slurm-exporter roles/notice_agent/files/clusterbake-notice-agent roles/node_health/files/clusterbake-health roles/training_env/files/clusterbake-job-credentials
 
 .DEFAULT_GOAL := help
 .PHONY: help deps venv validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench

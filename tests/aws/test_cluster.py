@@ -88,11 +88,15 @@ def test_hostnames_come_from_each_nodes_user_data(moto, p5):
         assert "munge" not in json.dumps(ours)
 
 
+PINNED_METADATA_OPTIONS = {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1}
+
+
 def test_gpu_launch_template_has_imdsv2_32_efa_interfaces_and_placement(moto, p5, network):
     data = _templates(moto.ec2())[f"clusterbake-{CLUSTER}-gpu"]
     assert data["ImageId"] == network.ami_id
     assert data["InstanceType"] == "p5.48xlarge"
-    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    # Security review finding 9: the hop limit pinned to 1 (our AMIs' ImdsSupport v2.0 would make it 2).
+    assert data["MetadataOptions"] == PINNED_METADATA_OPTIONS
     interfaces = data["NetworkInterfaces"]
     # AWS EC2 user guide, P5 "use case 1": an ENA primary on card 0 (device 0), EFA-only on
     # card 0 device 1 and on cards 1-31 device 0 (DescribeInstanceTypes: 32 cards, 32 EFA).
@@ -120,7 +124,7 @@ def test_gpu_launch_template_has_imdsv2_32_efa_interfaces_and_placement(moto, p5
 def test_head_launch_template_has_one_plain_interface(moto, p5):
     data = _templates(moto.ec2())[f"clusterbake-{CLUSTER}-head"]
     assert data["InstanceType"] == "m7i.2xlarge"
-    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"] == PINNED_METADATA_OPTIONS
     [interface] = data["NetworkInterfaces"]
     assert interface["DeviceIndex"] == 0 and "InterfaceType" not in interface
     assert "Placement" not in data

@@ -44,9 +44,11 @@ def twin_env(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def twin_config(tmp_path_factory) -> Path:
-    """examples/aws-twin.yaml under the tests' own cluster name."""
+    """examples/aws-twin.yaml under the tests' own cluster name, with a second user."""
     config = yaml.safe_load((REPO / "examples" / "aws-twin.yaml").read_text())
     config["cluster_name"] = CLUSTER
+    # A second, untrusted cluster user: the attacker of the security tests (test_aws_twin.py).
+    config["users"].append({"name": "mallory", "uid": 2002})
     path = tmp_path_factory.mktemp("twin") / "citwin.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

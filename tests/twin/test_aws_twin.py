@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from polling import drained_by_the_poll_that_saw_the_notice, wait_for
-from twintest import CLUSTER, REPO, run
+from twintest import CLUSTER, REGION, REPO, run
 
 from clusterbake.job_report import events
 from clusterbake.providers.aws.userdata import user_data
@@ -84,14 +84,17 @@ def test_deepspeed_trains_across_both_nodes_with_checkpoint_on_shared_storage(tw
 
 
 def test_checkpoints_are_copied_to_s3_and_restored_when_shared_storage_lost_them(twin):
-    """After test_deepspeed_trains...: the job's checkpoints are in the bucket (the node role wrote
-    them); /shared loses them; the same job name, run again, resumes from S3's copy."""
+    """After test_deepspeed_trains...: the job's checkpoints are in the bucket, under the job user's
+    prefix (the job's credentials may write nowhere else); /shared loses them; the same job name,
+    run again, resumes from S3's copy."""
     s3 = twin.client("s3")
-    listed = s3.list_objects_v2(Bucket="clusterbake-twin-checkpoints", Prefix="twindemo/twin-ds/")
+    listed = s3.list_objects_v2(Bucket="clusterbake-twin-checkpoints", Prefix="twindemo/researcher/twin-ds/")
     keys = {item["Key"] for item in listed.get("Contents", [])}
-    assert "twindemo/twin-ds/latest" in keys
-    assert any(key.startswith("twindemo/twin-ds/step12/") for key in keys), sorted(keys)
-    latest = s3.get_object(Bucket="clusterbake-twin-checkpoints", Key="twindemo/twin-ds/latest")["Body"].read()
+    assert "twindemo/researcher/twin-ds/latest" in keys
+    assert any(key.startswith("twindemo/researcher/twin-ds/step12/") for key in keys), sorted(keys)
+    latest = s3.get_object(Bucket="clusterbake-twin-checkpoints", Key="twindemo/researcher/twin-ds/latest")[
+        "Body"
+    ].read()
     assert latest == b"step12\n"
     twin.on("head", "rm -rf /shared/checkpoints/researcher/twin-ds")  # the shared file system lost them
     result = twin.cb(
@@ -100,7 +103,9 @@ def test_checkpoints_are_copied_to_s3_and_restored_when_shared_storage_lost_them
         "--steps", "18", "--checkpoint-every", "6",
         timeout=1200,
     )  # fmt: skip
-    assert "restored checkpoint step12 from s3://clusterbake-twin-checkpoints/twindemo/twin-ds" in result.stdout
+    assert (
+        "restored checkpoint step12 from s3://clusterbake-twin-checkpoints/twindemo/researcher/twin-ds" in result.stdout
+    )
     found = events(result.stdout)
     assert next(e for e in found if e["event"] == "resumed")["step"] == 12
     assert next(e for e in found if e["event"] == "done")["steps"] == 18
@@ -185,6 +190,119 @@ def test_node_role_reads_only_its_own_clusters_secrets(twin):
         assert "AccessDenied" in answers["clusterbake/othercluster/join/cpu"]
     finally:
         secrets.delete_secret(SecretId=other, ForceDeleteWithoutRecovery=True)
+
+
+IMDS_TOKEN = (
+    "import urllib.request as u\n"
+    "ask = u.Request('http://169.254.169.254/latest/api/token', method='PUT',"
+    " headers={'X-aws-ec2-metadata-token-ttl-seconds': '60'})\n"
+    "try:\n"
+    "    print('token' if u.urlopen(ask, timeout=3).read() else 'empty')\n"
+    "except Exception as exc:\n"
+    "    print('refused:', exc)\n"
+)
+
+
+def imds_token_as(twin, node: str, user: str) -> str:
+    command = f"python3 -c {shlex.quote(IMDS_TOKEN)}"
+    return twin.on(node, f"runuser -u {user} -- {command}" if user != "root" else command).stdout.strip()
+
+
+def test_only_root_reaches_the_metadata_service_and_on_the_head_the_power_programs_user(twin):
+    """Security review finding 1 (critical): any user or job on any node took the node's role from the
+    metadata service, then the join bundle (the munge key) from Secrets Manager, and forged root."""
+    for node in ("cpu-1", "head"):
+        assert imds_token_as(twin, node, "root") == "token", node
+        for user in ("researcher", "mallory"):
+            answer = imds_token_as(twin, node, user)
+            assert answer.startswith("refused:"), (node, user, answer)
+    assert imds_token_as(twin, "head", "slurm") == "token"  # the power program launches nodes
+    assert imds_token_as(twin, "cpu-1", "slurm").startswith("refused:")
+    readable = twin.on("cpu-1", "runuser -u researcher -- cat /etc/clusterbake/join-source.json", check=False)
+    assert readable.returncode != 0, "where the bundle is (secret, vault, identity) is root's to know"
+    # The exploit's next step, with the SDK's default chain: no credentials to be had.
+    secret = (
+        "import boto3\n"
+        f"c = boto3.session.Session().client('secretsmanager', region_name='{REGION}',"
+        f" endpoint_url='{twin.env['AWS_ENDPOINT_URL']}')\n"
+        "try:\n"
+        f"    c.get_secret_value(SecretId='clusterbake/{CLUSTER}/join/cpu'); print('read')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    taken = twin.on("cpu-1", f"runuser -u researcher -- python3 -c {shlex.quote(secret)}").stdout.strip()
+    assert taken == "NoCredentialsError", taken
+
+
+def test_a_container_on_a_node_gets_nothing_from_the_metadata_service(twin):
+    """Finding 9: a container (its own network namespace, NAT through the node) one hop behind the
+    node. The guard drops its traffic in the forward chain; the hop limit (1) would stop the token."""
+    setup = (
+        "set -e; ip netns add cbsec; ip link add cbsec0 type veth peer name cbsec1; ip link set cbsec1 netns cbsec;"
+        " ip addr add 10.251.0.1/30 dev cbsec0; ip link set cbsec0 up;"
+        " ip -n cbsec addr add 10.251.0.2/30 dev cbsec1; ip -n cbsec link set cbsec1 up; ip -n cbsec link set lo up;"
+        " ip -n cbsec route add default via 10.251.0.1; sysctl -qw net.ipv4.ip_forward=1;"
+        " nft add table ip cbsecnat; nft 'add chain ip cbsecnat post { type nat hook postrouting priority srcnat; }';"
+        " nft add rule ip cbsecnat post ip saddr 10.251.0.0/30 masquerade"
+    )
+    dropped = "nft list chain inet clusterbake_imds forward | grep -o 'packets [0-9]*' | head -1 | cut -d' ' -f2"
+    try:
+        twin.on("cpu-1", setup)
+        before = int(twin.on("cpu-1", dropped).stdout)
+        answer = twin.on("cpu-1", f"ip netns exec cbsec python3 -c {shlex.quote(IMDS_TOKEN)}").stdout.strip()
+        assert answer.startswith("refused:"), answer
+        assert int(twin.on("cpu-1", dropped).stdout) > before  # dropped by the guard, not only by the TTL
+    finally:
+        twin.on("cpu-1", "ip netns del cbsec; nft delete table ip cbsecnat; sysctl -qw net.ipv4.ip_forward=0",
+                check=False)  # fmt: skip
+
+
+def test_cluster_instances_pin_the_metadata_hop_limit_to_one(twin):
+    """Finding 9: our AMIs say ImdsSupport v2.0, which makes EC2 (and the twin) default the hop limit to 2."""
+    for node in ("head", "cpu-1", "cpu-2"):
+        options = twin.instance(node)["MetadataOptions"]
+        assert (options["HttpTokens"], options["HttpPutResponseHopLimit"]) == ("required", 1), (node, options)
+
+
+COPY_PROBE = (
+    "import boto3, json, os, sys\n"
+    "s3 = boto3.session.Session().client('s3', endpoint_url=os.environ['CLUSTERBAKE_S3_ENDPOINT_URL'] or None)\n"
+    "bucket, _, prefix = os.environ['CLUSTERBAKE_CHECKPOINT_COPY_ROOT'].removeprefix('s3://').partition('/')\n"
+    "out = {}\n"
+    "for who in sys.argv[1:]:\n"
+    "    try:\n"
+    "        s3.put_object(Bucket=bucket, Key=f\"{prefix.strip('/')}/{who}/security-probe\", Body=b'x')\n"
+    "        out[who] = 'written'\n"
+    "    except Exception as exc:\n"
+    "        out[who] = type(exc).__name__ + ': ' + str(exc)\n"
+    "endpoint = os.environ['CLUSTERBAKE_S3_ENDPOINT_URL']  # the twin's one endpoint\n"
+    "secrets = boto3.session.Session().client('secretsmanager', endpoint_url=endpoint)\n"
+    "try:\n"
+    f"    secrets.get_secret_value(SecretId='clusterbake/{CLUSTER}/join/cpu'); out['secret'] = 'read'\n"
+    "except Exception as exc:\n"
+    "    out['secret'] = type(exc).__name__ + ': ' + str(exc)\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def test_a_jobs_credentials_reach_its_own_users_checkpoint_copies_only(twin):
+    """Finding 5: the copies were the node role's, shared by every user (another user's `latest` and
+    checkpoints were anyone's to rewrite). A job now gets a session of the jobs role narrowed to its
+    user's prefix, from the node's helper (sudo; the job never holds the node's role)."""
+    s3 = twin.client("s3")
+    try:
+        for user, other in (("researcher", "mallory"), ("mallory", "researcher")):
+            command = (
+                "set -a; . /etc/clusterbake/checkpoints.env; set +a; "
+                f"python3 -c {shlex.quote(COPY_PROBE)} {user} {other}"
+            )
+            answers = json.loads(twin.on("cpu-1", f"runuser -u {user} -- sh -c {shlex.quote(command)}").stdout)
+            assert answers[user] == "written", answers
+            assert "AccessDenied" in answers[other], answers
+            assert "AccessDenied" in answers["secret"], answers
+    finally:
+        for user in ("researcher", "mallory"):
+            s3.delete_object(Bucket="clusterbake-twin-checkpoints", Key=f"twindemo/{user}/security-probe")
 
 
 def test_spot_and_rebalance_notices_appear_in_the_nodes_metadata(twin):

@@ -13,6 +13,7 @@ takes it down and checks that nothing is left in the fake subscription or on the
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,33 @@ def test_compute_nodes_joined_by_themselves_from_key_vault(azure, cluster):
         fetch = azure.inside(vm_id, "journalctl -u clusterbake-node-fetch --no-pager").stdout
         assert "joined from secret join-cpu in https://" in fetch and ".vault.azure.net" in fetch, fetch[-2000:]
     assert sorted(cluster.on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
+
+
+AZURE_IDENTITY_TOKEN = (
+    "import urllib.request as u\n"
+    "ask = u.Request('http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01"
+    "&resource=https%3A%2F%2Fvault.azure.net', headers={'Metadata': 'true'})\n"
+    "try:\n"
+    "    u.urlopen(ask, timeout=3).read(); print('token')\n"
+    "except u.HTTPError as exc:\n"
+    "    print('answered', exc.code)  # IMDS reached: it answered (no default identity)\n"
+    "except Exception as exc:\n"
+    "    print('refused:', exc)\n"
+)
+
+
+def test_only_root_reaches_the_metadata_service_and_on_the_head_the_power_programs_user(azure, cluster):
+    """Security review finding 1 (critical), on Azure: a user took a Key Vault token from IMDS with
+    the nodes' identity (its client id was in a world-readable file) and read the join bundle."""
+    command = f"python3 -c {shlex.quote(AZURE_IDENTITY_TOKEN)}"
+    for node in ("cpu-1", "head"):
+        assert not cluster.on(node, command).stdout.startswith("refused"), node
+        for user in ("researcher",):
+            answer = cluster.on(node, f"runuser -u {user} -- {command}").stdout.strip()
+            assert answer.startswith("refused:"), (node, user, answer)
+        source = cluster.on(node, "runuser -u researcher -- cat /etc/clusterbake/join-source.json", check=False)
+        assert source.returncode != 0, node  # the vault, the secret and the identity: root's to know
+    assert not cluster.on("head", f"runuser -u slurm -- {command}").stdout.startswith("refused")
 
 
 def test_home_and_shared_are_the_clusters_nfs_file_shares(azure, cluster):
@@ -146,7 +174,7 @@ def test_deepspeed_trains_across_both_nodes_with_checkpoint_on_the_file_share(az
     listing = cluster.on("head", f"ls {checkpoints} && stat -c %U {checkpoints}")
     assert "step12" in listing.stdout.split() and listing.stdout.split()[-1] == "researcher"
     (share,) = [p for p in (STORAGE / "files").iterdir()]
-    assert (share / "shared" / "checkpoints" / "ciaz-ds" / "step12").is_dir()
+    assert (share / "shared" / "checkpoints" / "researcher" / "ciaz-ds" / "step12").is_dir()
 
 
 def test_cluster_down_leaves_nothing_in_the_subscription_or_on_the_host(azure, cluster):

@@ -537,6 +537,6 @@ def test_the_role_picks_the_cloud_from_the_builders_group(tmp_path):
         host: json.loads((out / host / "packages.json").read_text()) for host in ("aws-builder", "azure-builder")
     }
     assert packages == {
-        "aws-builder": ["hostname", "openssh-server", "python3-boto3"],
-        "azure-builder": ["hostname", "openssh-server", "ca-certificates"],
+        "aws-builder": ["hostname", "openssh-server", "nftables", "python3-boto3"],
+        "azure-builder": ["hostname", "openssh-server", "nftables", "ca-certificates"],
     }

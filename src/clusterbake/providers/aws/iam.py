@@ -74,6 +74,10 @@ from clusterbake.providers.aws.api import THROTTLING, call, error_code, paginate
 PATH = "/clusterbake/"
 POLICY_NAME = "clusterbake-node"
 HEAD_POLICY_NAME = "clusterbake-head"
+JOBS_POLICY_NAME = "clusterbake-jobs"
+# Stands for the job's user in the session policy a node's helper (roles/training_env:
+# clusterbake-job-credentials, which has the same literal) fills in for its caller.
+JOBS_USER_PLACEHOLDER = "CLUSTERBAKE_USER"
 TRUST_POLICY = {
     "Version": "2012-10-17",
     "Statement": [
@@ -104,6 +108,10 @@ def head_role_name(cluster: str) -> str:
     return f"clusterbake-{cluster}-head"
 
 
+def jobs_role_name(cluster: str) -> str:
+    return f"clusterbake-{cluster}-jobs"
+
+
 def role_arn(name: str, region: str, account: str) -> str:
     return f"arn:{partition(region)}:iam::{account}:role{PATH}{name}"
 
@@ -126,7 +134,12 @@ def secrets_arn_prefix(cluster: str, region: str, account: str) -> str:
 
 
 def node_policy(
-    cluster: str, region: str, account: str, kms_key_arn: str | None = None, s3_buckets: tuple[str, ...] | list = ()
+    cluster: str,
+    region: str,
+    account: str,
+    kms_key_arn: str | None = None,
+    s3_buckets: tuple[str, ...] | list = (),
+    jobs_role: bool = False,
 ) -> dict:
     """The inline policy document of the node role (see the module docstring)."""
     statements: list[dict] = [
@@ -139,10 +152,19 @@ def node_policy(
     ]
     if kms_key_arn:
         statements.append(_kms_statement(kms_key_arn, region))
+    if jobs_role:
+        # The node's job credential helper (root) hands a job a session of the jobs role,
+        # narrowed to the job user's prefix (roles/training_env: clusterbake-job-credentials).
+        statements.append(
+            {
+                "Sid": "JobCredentials",
+                "Effect": "Allow",
+                "Action": "sts:AssumeRole",
+                "Resource": role_arn(jobs_role_name(cluster), region, account),
+            }
+        )
     buckets = sorted(set(s3_buckets))
-    for bucket in buckets:
-        if not BUCKET_NAME.match(bucket) or ".." in bucket:
-            raise ClusterbakeError(f"S3 bucket {bucket!r}: not a bucket name (no s3://, no prefix)")
+    _check_buckets(buckets)
     if buckets:
         arn = f"arn:{partition(region)}:s3:::"
         statements += [
@@ -160,6 +182,50 @@ def node_policy(
             },
         ]
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _check_buckets(buckets: list[str]) -> None:
+    for bucket in buckets:
+        if not BUCKET_NAME.match(bucket) or ".." in bucket:
+            raise ClusterbakeError(f"S3 bucket {bucket!r}: not a bucket name (no s3://, no prefix)")
+
+
+def jobs_trust_policy(cluster: str, region: str, account: str) -> dict:
+    """Who may assume the jobs role: the node role (its sessions: the nodes' root)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": role_arn(node_role_name(cluster), region, account)},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+
+
+def jobs_policy(region: str, bucket: str, prefix: str, user: str | None = None) -> dict:
+    """What a job's checkpoint copies may do: objects under <prefix>/ (the jobs role), or under
+    <prefix>/<user>/ (the session policy the node's helper adds for one user: the intersection of
+    the two is what the job gets), and list only there."""
+    _check_buckets([bucket])
+    below = "/".join(p for p in (prefix.strip("/"), user) if p)
+    objects = f"arn:{partition(region)}:s3:::{bucket}/{below + '/' if below else ''}*"
+    listing: dict = {
+        "Sid": "ListTheCopies",
+        "Effect": "Allow",
+        "Action": "s3:ListBucket",
+        "Resource": f"arn:{partition(region)}:s3:::{bucket}",
+    }
+    if below:
+        listing["Condition"] = {"StringLike": {"s3:prefix": [f"{below}/*"]}}
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "CheckpointCopies", "Effect": "Allow", "Action": S3_OBJECT_ACTIONS, "Resource": objects},
+            listing,
+        ],
+    }
 
 
 def _kms_statement(kms_key_arn: str, region: str) -> dict:
@@ -280,6 +346,7 @@ def ensure_node_role(
     region: str,
     kms_key_arn: str | None = None,
     s3_buckets: tuple[str, ...] | list[str] = (),
+    jobs_role: bool = False,
 ) -> tuple[str, str, bool]:
     """(instance profile name, its ARN, created): the node role and profile, made to match.
 
@@ -289,8 +356,26 @@ def ensure_node_role(
     this cluster is refused. `kms_key_arn` must be a key ARN (`resolve_kms_key`).
     """
     account = call(sts.get_caller_identity)["Account"]
-    document = node_policy(cluster, region, account, kms_key_arn, s3_buckets)
+    document = node_policy(cluster, region, account, kms_key_arn, s3_buckets, jobs_role)
     return _ensure_role(iam, node_role_name(cluster), POLICY_NAME, document, cluster, "nodes read their join bundle")
+
+
+def ensure_jobs_role(iam, sts, cluster: str, region: str, bucket: str, prefix: str) -> tuple[str, bool]:
+    """(role ARN, created): the role whose sessions carry jobs' checkpoint copies (no instance
+    profile: only the node role assumes it, each session narrowed to one user's prefix)."""
+    account = call(sts.get_caller_identity)["Account"]
+    name = jobs_role_name(cluster)
+    _, _, created = _ensure_role(
+        iam,
+        name,
+        JOBS_POLICY_NAME,
+        jobs_policy(region, bucket, prefix),
+        cluster,
+        "jobs copy their checkpoints, each user under its own prefix",
+        trust=jobs_trust_policy(cluster, region, account),
+        with_profile=False,
+    )
+    return role_arn(name, region, account), created
 
 
 def ensure_head_role(
@@ -323,7 +408,16 @@ def ensure_head_role(
     )
 
 
-def _ensure_role(iam, name: str, policy_name: str, document: dict, cluster: str, purpose: str) -> tuple[str, str, bool]:
+def _ensure_role(
+    iam,
+    name: str,
+    policy_name: str,
+    document: dict,
+    cluster: str,
+    purpose: str,
+    trust: dict = TRUST_POLICY,
+    with_profile: bool = True,
+) -> tuple[str, str, bool]:
     cluster_tags = tags.as_list({tags.CLUSTER: cluster})
     created = False
 
@@ -338,7 +432,7 @@ def _ensure_role(iam, name: str, policy_name: str, document: dict, cluster: str,
                 iam.create_role,
                 RoleName=name,
                 Path=PATH,
-                AssumeRolePolicyDocument=json.dumps(TRUST_POLICY),
+                AssumeRolePolicyDocument=json.dumps(trust),
                 Description=f"clusterbake cluster {cluster}: {purpose}",
                 Tags=cluster_tags,
             )
@@ -347,8 +441,8 @@ def _ensure_role(iam, name: str, policy_name: str, document: dict, cluster: str,
             if error_code(exc) != "EntityAlreadyExists":
                 raise
             _owned(_get(iam.get_role, "Role", RoleName=name), "role", name, cluster)
-    elif _document(role.get("AssumeRolePolicyDocument")) != TRUST_POLICY:
-        call(iam.update_assume_role_policy, RoleName=name, PolicyDocument=json.dumps(TRUST_POLICY))
+    elif _document(role.get("AssumeRolePolicyDocument")) != trust:
+        call(iam.update_assume_role_policy, RoleName=name, PolicyDocument=json.dumps(trust))
 
     current = _get(iam.get_role_policy, "PolicyDocument", RoleName=name, PolicyName=policy_name)
     if current is None or _document(current) != document:
@@ -360,6 +454,8 @@ def _ensure_role(iam, name: str, policy_name: str, document: dict, cluster: str,
             PolicyDocument=json.dumps(document),
         )
 
+    if not with_profile:
+        return name, "", created
     if profile is None:
         try:
             profile = call(iam.create_instance_profile, InstanceProfileName=name, Path=PATH, Tags=cluster_tags)[
@@ -422,6 +518,11 @@ def delete_node_role(iam, cluster: str) -> list[str]:
 def delete_head_role(iam, cluster: str) -> list[str]:
     """Remove the cluster's head role and profile, as delete_node_role."""
     return _delete_role(iam, cluster, head_role_name(cluster))
+
+
+def delete_jobs_role(iam, cluster: str) -> list[str]:
+    """Remove the cluster's jobs role, as delete_node_role."""
+    return _delete_role(iam, cluster, jobs_role_name(cluster))
 
 
 def _delete_role(iam, cluster: str, name: str) -> list[str]:

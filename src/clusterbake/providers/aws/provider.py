@@ -70,10 +70,19 @@ class AwsProvider(Provider):
         return self._kms_key_arn
 
     @property
-    def checkpoint_buckets(self) -> list[str]:
-        """The bucket of checkpoints.copy_to (s3://bucket/prefix): the node role reads and writes there."""
+    def checkpoint_copies(self) -> tuple[str, str] | None:
+        """(bucket, prefix) of checkpoints.copy_to when it is s3://bucket/prefix: jobs write there
+        with sessions of the jobs role, each narrowed to its user's prefix (iam.jobs_policy)."""
         copy_to = self.config.checkpoints.copy_to or ""
-        return [copy_to.removeprefix("s3://").split("/", 1)[0]] if copy_to.startswith("s3://") else []
+        if not copy_to.startswith("s3://"):
+            return None
+        bucket, _, prefix = copy_to.removeprefix("s3://").partition("/")
+        return bucket, prefix.strip("/")
+
+    @cached_property
+    def jobs_role_arn(self) -> str:
+        account = self.api("sts").get_caller_identity()["Account"]
+        return iam.role_arn(iam.jobs_role_name(self.config.cluster_name), self.aws.region, account)
 
     @cached_property
     def catalogue(self) -> Catalogue:
@@ -172,9 +181,14 @@ class AwsProvider(Provider):
             cluster,
             self.aws.region,
             kms_key_arn=self.kms_key_arn,
-            s3_buckets=self.checkpoint_buckets,
+            jobs_role=self.checkpoint_copies is not None,
         )
         say(f"    instance profile {profile}{' created' if profile_created else ''}")
+        if self.checkpoint_copies:
+            _, jobs_created = iam.ensure_jobs_role(
+                self.api("iam"), self.api("sts"), cluster, self.aws.region, *self.checkpoint_copies
+            )
+            say(f"    role {iam.jobs_role_name(cluster)} (jobs' checkpoint copies){' created' if jobs_created else ''}")
         endpoints = storage.ensure_file_systems(
             self.api("efs"), self.api("fsx"), cluster, self.config.storage or [], self.aws.subnet_id, group_id
         )
@@ -570,6 +584,7 @@ class AwsProvider(Provider):
         removed += join_secrets.delete_all(self.api("secretsmanager"), cluster, nodegroups)
         removed += iam.delete_node_role(self.api("iam"), cluster)
         removed += iam.delete_head_role(self.api("iam"), cluster)
+        removed += iam.delete_jobs_role(self.api("iam"), cluster)
         if self.cluster.root.exists():
             shutil.rmtree(self.cluster.root)
             removed.append(f"state {self.cluster.root}")
@@ -706,8 +721,19 @@ class AwsProvider(Provider):
                 "clusterbake_aws_region": self.aws.region,
                 "fabric_socket_ifname": self.aws.network_interface,
                 # Where the job templates' checkpoint copies go (checkpoints.copy_to: s3://): the endpoint
-                # this controller uses (the twin's too).
+                # this controller uses (the twin's too), and the role and STS endpoint of the jobs' sessions.
                 "clusterbake_s3_endpoint_url": self.api("s3").meta.endpoint_url,
+                **(
+                    {
+                        "clusterbake_jobs_role_arn": self.jobs_role_arn,
+                        "clusterbake_jobs_session_policy": iam.jobs_policy(
+                            self.aws.region, *self.checkpoint_copies, user=iam.JOBS_USER_PLACEHOLDER
+                        ),
+                        "clusterbake_sts_endpoint_url": self.api("sts").meta.endpoint_url,
+                    }
+                    if self.checkpoint_copies
+                    else {}
+                ),
             },
         )
 

@@ -177,7 +177,9 @@ def template_data(
     data: dict = {
         "ImageId": ami_id,
         "InstanceType": info.name,
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        # Hop limit 1: a container behind the node (one routing hop) gets no IMDSv2 token. Set here,
+        # never left to EC2: an AMI registered with ImdsSupport v2.0 (ours) defaults to 2.
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "NetworkInterfaces": network_interfaces(info, efa, subnet_id, group_id),
         "TagSpecifications": [
             tags.spec("instance", node_tags),

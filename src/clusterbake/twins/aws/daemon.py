@@ -132,6 +132,7 @@ class Twin:
                 Architecture="x86_64",
                 RootDeviceName="/dev/xvda",
                 VirtualizationType="hvm",
+                ImdsSupport="v2.0",  # as packer/plugins registers ours: EC2's hop limit 2 unless launches set it
                 TagSpecifications=[
                     {"ResourceType": "image", "Tags": [{"Key": "clusterbake-twin:image", "Value": name}]}
                 ],

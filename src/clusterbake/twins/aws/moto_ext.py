@@ -14,6 +14,11 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   network interfaces (the subnet!), IAM instance profile, metadata options, market
   options and placement. Those template settings are applied here wherever the
   request does not set them itself, as EC2 does.
+- The AMI's ImdsSupport: moto ignores RegisterImage's ImdsSupport. EC2 launches an instance of
+  an AMI registered with ImdsSupport v2.0 (ours: packer/plugins) with HttpTokens=required and
+  HttpPutResponseHopLimit=2 unless the launch (or its template) sets them; moto uses 1. Here
+  such AMIs are remembered and their instances get EC2's defaults, so a launch that leaves
+  the hop limit out lets a container one hop behind the node get a token, as on EC2.
 - Capacity: EC2 fails RunInstances with InsufficientInstanceCapacity when a zone has no
   capacity for a type; moto never does. When the file named by $MOTO_CAPACITY_FILE
   exists ({"p5.48xlarge": 1}), RunInstances fails with that error once the number of
@@ -34,6 +39,15 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   Secrets Manager call against resource `*`, so a policy that names secret ARNs (the
   only kind clusterbake writes) would deny everything. The resource is the secret's
   ARN here (for a secret that does not exist yet, its ARN without the random suffix).
+- Session policies: moto keeps AssumeRole's `Policy` and never applies it. AWS grants a
+  session the intersection of its role's policies and the session policy: here a call with
+  such a session's credentials must also be allowed by its session policy (actions and
+  resources; conditions, as everywhere in moto, are not evaluated).
+- Role principals in trust policies: moto compares the caller's ARN with the trust policy's
+  principal as strings, so a role ARN never matches a session of that role
+  (`arn:aws:sts::<account>:assumed-role/<name>/<session>`), which on AWS it does: a role
+  that trusts another role is assumable from that role's sessions (the jobs role, from the
+  nodes' sessions of the node role).
 - Signatures of bodyless REST calls: to check a request's signature moto rebuilds it
   with `data=body or data`, and for a GET without a body (EFS DescribeFileSystems,
   DescribeMountTargets) its `data` holds the request's headers, which become a body
@@ -45,12 +59,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 
 from moto.core.responses import ActionResult, EmptyResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
-from moto.iam.access_control import IAMRequest, IAMRequestBase
+from moto.iam.access_control import (
+    AssumedRoleAccessKey,
+    IAMPolicy,
+    IAMPolicyStatement,
+    IAMRequest,
+    IAMRequestBase,
+    PermissionResult,
+)
 from moto.secretsmanager.responses import SecretsManagerResponse
 
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
@@ -169,8 +191,30 @@ _run_instances = EC2Response.run_instances
 def run_instances(self: EC2Response) -> ActionResult:
     _check_capacity(self)
     _apply_launch_template(self)
+    _apply_imds_support(self)
     _check_addresses(self)
     return _run_instances(self)
+
+
+_IMDS_V2_IMAGES: set[str] = set()  # AMIs registered with ImdsSupport v2.0
+_register_image = EC2Response.register_image
+
+
+def register_image(self: EC2Response) -> ActionResult:
+    result = _register_image(self)
+    if self._get_param("ImdsSupport") == "v2.0":
+        _IMDS_V2_IMAGES.add(result.result["ImageId"])
+    return result
+
+
+def _apply_imds_support(response: EC2Response) -> None:
+    """EC2's metadata defaults for an AMI registered with ImdsSupport v2.0 (moto: tokens optional, hop 1)."""
+    if response._get_param("ImageId") not in _IMDS_V2_IMAGES:
+        return
+    options = dict(response._get_param("MetadataOptions") or {})
+    options.setdefault("HttpTokens", "required")
+    options.setdefault("HttpPutResponseHopLimit", 2)
+    response.params["MetadataOptions"] = options
 
 
 # --- IAM resources of EC2 calls -------------------------------------------------------
@@ -272,6 +316,45 @@ def _secret_resource(self: SecretsManagerResponse) -> str:
     return f"arn:aws:secretsmanager:{self.region}:{self.current_account}:secret:{secret_id}"
 
 
+_check_action_permitted = IAMRequestBase.check_action_permitted
+
+
+def _session_policy(access_key) -> str | None:
+    if not isinstance(access_key, AssumedRoleAccessKey):
+        return None
+    from moto.sts.models import sts_backends
+
+    for session in sts_backends[access_key.account_id][access_key.partition].assumed_roles:
+        if session.access_key_id == access_key._access_key_id:
+            return session.policy or None
+    return None
+
+
+def check_action_permitted(self: IAMRequestBase, resource: str) -> None:
+    _check_action_permitted(self, resource)
+    if self._action == "sts:GetCallerIdentity":
+        return  # always allowed, as on AWS
+    policy = _session_policy(self._access_key)
+    if policy and IAMPolicy(policy).is_action_permitted(self._action, resource) != PermissionResult.PERMITTED:
+        self._raise_access_denied()
+
+
+_check_principal = IAMPolicyStatement._check_principal
+_SESSION_ARN = re.compile(r"^arn:([^:]+):sts::(\d{12}):assumed-role/([^/]+)/[^/]+$")
+_ROLE_ARN = re.compile(r"^arn:([^:]+):iam::(\d{12}):role/(?:.*/)?([^/]+)$")
+
+
+def check_principal(self: IAMPolicyStatement, principal: str) -> bool:
+    if _check_principal(self, principal):
+        return True
+    session = _SESSION_ARN.match(principal)
+    expected = (self._statement.get("Principal") or {}).get("AWS") or []
+    expected = [expected] if isinstance(expected, str) else expected
+    return bool(session) and any(
+        (role := _ROLE_ARN.match(arn)) and role.groups() == session.groups() for arn in expected
+    )
+
+
 _create_aws_request = IAMRequestBase._create_aws_request
 
 
@@ -288,6 +371,9 @@ def install() -> None:
     EC2Response.describe_placement_groups = describe_placement_groups
     EC2Response.delete_placement_group = delete_placement_group
     EC2Response.run_instances = run_instances
+    EC2Response.register_image = register_image
     EC2Response._authenticate_and_authorize_normal_action = authorize_ec2
     SecretsManagerResponse._determine_resource = _secret_resource
     IAMRequestBase._create_aws_request = create_aws_request
+    IAMRequestBase.check_action_permitted = check_action_permitted
+    IAMPolicyStatement._check_principal = check_principal
