@@ -21,6 +21,7 @@ from clusterbake.config import ClusterConfig, extra_ca_files
 from clusterbake.images.inputs import hash_repository_inputs
 from clusterbake.paths import repo_root
 from clusterbake.remote import Endpoint
+from clusterbake.state import open_private
 
 # What the head play writes (roles common, munge, slurm, slurm_accounting, slurm_power, shared_storage,
 # prometheus, node_exporter, slurm_exporter, node_join) and the daemons it runs (a daemon a cluster does
@@ -123,6 +124,6 @@ def write_record(cluster_root: Path, inputs: str, head: HeadState) -> None:
     """After a configure that succeeded (digests only; 0600 all the same: they are of secrets)."""
     path = record_path(cluster_root)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"inputs": inputs, "head": head.as_dict()}, indent=1, sort_keys=True) + "\n")
-    tmp.chmod(0o600)
+    with open_private(tmp) as handle:  # 0600 from its first byte
+        handle.write(json.dumps({"inputs": inputs, "head": head.as_dict()}, indent=1, sort_keys=True) + "\n")
     tmp.replace(path)

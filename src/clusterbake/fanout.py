@@ -18,6 +18,7 @@ import hostlist
 from clusterbake import remote
 from clusterbake.errors import ConfigError
 from clusterbake.providers.base import Provider
+from clusterbake.state import open_private
 
 NOT_RUN = "-"
 
@@ -62,8 +63,7 @@ def run(
     results = remote.run_many(endpoints, command, stdin=stdin, timeout=timeout)
     took = time.monotonic() - started
     rows = []
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
+    with open_private(log) as out:  # every node's output, which may hold anything: 0600
         out.write(f"$ {command}\n# on {len(running)} nodes in {took:.1f}s\n")
         for name in names:
             result = results.get(name)

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from clusterbake.errors import CommandFailed
+from clusterbake.state import open_private
 
 
 def say(message: str) -> None:
@@ -42,9 +43,8 @@ def run_logged(
 
     Raises CommandFailed naming the log file when the command fails.
     """
-    log_file.parent.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
-    with log_file.open("a") as log:
+    with open_private(log_file, "a") as log:  # Ansible's and Packer's output: the cluster's to read
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
         with subprocess.Popen(

@@ -83,10 +83,11 @@ class ClusterDir:
         return json.loads(self.state_file.read_text()) if self.exists() else {}
 
     def write_state(self, state: dict) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        tmp.replace(self.state_file)
+        private_dir(self.root.parent.parent)  # the state directory: 0700 (its clusters, images, logs)
+        private_dir(self.root)
+        with open_private(self.state_file.with_suffix(".tmp")) as tmp:
+            tmp.write(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        self.state_file.with_suffix(".tmp").replace(self.state_file)
 
     def ensure_secrets(self) -> None:
         """The cluster's SSH key, munge key and database password, created once with tight permissions."""
@@ -111,6 +112,26 @@ class ClusterDir:
         # URL-safe characters only: one plain token in slurmdbd.conf and SQL (config.DB_PASSWORD_PATTERN).
         write_secret(self.db_password, lambda: secrets.token_urlsafe(32).encode())
         self.join_bundles.mkdir(mode=0o700, exist_ok=True)
+
+
+def private_dir(path: Path) -> Path:
+    """A directory only its owner reads (0700), made with its parents if missing; an existing one
+    of ours is narrowed. State and logs hold what no other host account should read (node
+    output, digests of secrets, clusterbake exec's output)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = path.stat()
+    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+        path.chmod(info.st_mode & 0o7700)
+    return path
+
+
+def open_private(path: Path, mode: str = "w"):
+    """A file opened for writing ("w" or "a") as 0600, never through a link, in a private directory."""
+    private_dir(path.parent)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)  # a file that was there keeps its mode through O_CREAT
+    return os.fdopen(fd, mode)
 
 
 def write_secret(path: Path, make) -> bool:

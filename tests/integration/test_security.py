@@ -2,8 +2,11 @@
 an unprivileged cluster user of the suite's shared cluster (tests/integration/cluster.yaml: researcher,
 the job user; mallory, a second user). Each test leaves the cluster as it found it."""
 
+import os
 import re
 import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 from localtest import CONFIG, cb, on
@@ -75,3 +78,32 @@ def test_job_report_refuses_a_job_id_that_is_not_one(cluster):
     result = cb("job", "report", "1;touch /tmp/sec-injected", check=False, timeout=60)
     assert result.returncode != 0 and "job id" in result.stderr, result.stderr
     assert head("test -e /tmp/sec-injected", check=False).returncode != 0
+
+
+def _host_path(inside: str) -> str:
+    """Where a node's shared directory is on this host (the local provider binds host directories)."""
+    from clusterbake.config import load_config
+    from clusterbake.state import StateDir
+
+    config = load_config(CONFIG)
+    return str(StateDir.for_config(config).cluster(config.cluster_name).storage("shared") / inside)
+
+
+def test_a_set_uid_file_a_nodes_root_makes_in_shared_storage_gives_no_one_root(cluster):
+    """Finding 4's exploit: root in a node (a sudo user, or anyone who became root there) copies a
+    shell to /shared and makes it set-uid; any user on the node, or on this host, ran it as root."""
+    head("cp /bin/bash /shared/sec-suid && chmod 4755 /shared/sec-suid")
+    try:
+        in_node = as_user("mallory", "/shared/sec-suid -p -c 'id -u'", node="cpu-1", check=False)
+        assert in_node.stdout.strip() == "2002", in_node  # nosuid: the user's own uid
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        on_host = subprocess.run([*nobody, _host_path("sec-suid"), "-p", "-c", "id -u"],
+                                 capture_output=True, text=True, timeout=30)  # fmt: skip
+        # Not root on the host: the state directory is root's (0700) and the storage nosuid.
+        assert on_host.stdout.strip() != "0", on_host
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        storage = os.path.realpath(_host_path(""))
+        options = [line.split()[5] for line in mounts if line.split()[4] == storage.rstrip("/")]
+        assert options and {"nosuid", "nodev"} <= set(options[-1].split(",")), options
+    finally:
+        head("rm -f /shared/sec-suid")

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from clusterbake.errors import ClusterbakeError, ConfigError, NodesDidNotBoot
 from clusterbake.images.store import find_local_image
 from clusterbake.inventory import build_inventory
-from clusterbake.nspawn import limits, machines, network
+from clusterbake.nspawn import limits, machines, network, rootfs
 from clusterbake.plan import address_pool, assign_addresses
 from clusterbake.progress import say
 from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
@@ -55,12 +55,10 @@ def write_file(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _write_private(target: Path, data: bytes) -> None:
-    """A file only root reads (a join bundle holds the munge key), in a directory others may list."""
-    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+def _write_private(root: Path, path: str, data: bytes) -> None:
+    """A file in a node's root only root reads (a join bundle holds the munge key), written without
+    following any link the node made (rootfs)."""
+    rootfs.write_in_root(root, path, data, 0o600)
 
 
 # A local cluster's storage is host directories bound into its nodes (`hostdir`, the only kind the
@@ -185,6 +183,7 @@ class LocalProvider(Provider):
         self.cluster.ensure_secrets()
         for directory in self._binds().values():
             directory.mkdir(parents=True, exist_ok=True)
+            machines.ensure_nosuid_nodev(directory)
         # Shared storage is like /tmp: every user can create their own directories
         # (checkpoints, job logs); the sticky bit keeps them theirs.
         for mount in self.config.effective_storage():
@@ -301,15 +300,14 @@ class LocalProvider(Provider):
         nodes = {self.machine_name(name): name for name in names if self.machine_name(name) in inits}
         # Staged, not at JOIN_BUNDLE: a node whose early join ended (or clusterbake with it) before
         # after_configure released its held services has no bundle, so a next join applies it whole.
-        staged = [self._paths(name).root / EARLY_BUNDLE.lstrip("/") for name in nodes.values()]
-        for path in staged:
-            _write_private(path, bundle)
+        for name in nodes.values():
+            _write_private(self._paths(name).root, EARLY_BUNDLE, bundle)
         argv = [JOIN_PROGRAM, "--bundle", EARLY_BUNDLE, *(f"--hold={service}" for service in held)]
         try:
             results = machines.run_inside({machine: inits[machine] for machine in nodes}, argv)
         finally:
-            for path in staged:
-                path.unlink(missing_ok=True)
+            for name in nodes.values():
+                rootfs.remove_in_root(self._paths(name).root, EARLY_BUNDLE)
         joined = []
         for machine, result in sorted(results.items()):
             if result.returncode == 0:
@@ -467,7 +465,7 @@ class LocalProvider(Provider):
         bundle = self.cluster.join_bundles / f"{node.nodegroup}.json"
         if node.role != "compute" or not bundle.exists():
             return
-        _write_private(root / JOIN_BUNDLE.lstrip("/"), bundle.read_bytes())
+        _write_private(root, JOIN_BUNDLE, bundle.read_bytes())
 
     def _write_known_hosts(self) -> None:
         lines = []
@@ -646,7 +644,7 @@ class LocalProvider(Provider):
             raise ClusterbakeError(f"node interrupt: {name} is not running")
         at = datetime.now(UTC) + timedelta(seconds=seconds)
         notice = {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
-        write_file(self._paths(name).root / NOTICE_FILE.lstrip("/"), json.dumps(notice) + "\n")
+        rootfs.write_in_root(self._paths(name).root, NOTICE_FILE, (json.dumps(notice) + "\n").encode())
         say(f"    {name}: interruption notice for {notice['time']}; the machine goes in {seconds} s")
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
@@ -654,7 +652,7 @@ class LocalProvider(Provider):
             if left > 10:
                 say(f"    {name}: reclaimed in {max(0, left - 10):.0f} s")
         machines.kill_all([pid])
-        (self._paths(name).root / NOTICE_FILE.lstrip("/")).unlink(missing_ok=True)  # a new instance has none
+        rootfs.remove_in_root(self._paths(name).root, NOTICE_FILE)  # a new instance has none
         machines.remove_cgroups(self.machine_name(name))
         machines.unmount_tree(self._paths(name).root)
         say(f"    {name}: reclaimed (its machine ended; the head's reconcile loop starts it again)")
