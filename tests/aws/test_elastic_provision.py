@@ -195,15 +195,23 @@ def test_the_head_has_its_own_role_that_may_pass_only_the_node_role(moto, elasti
     node_role = iam.get_role(RoleName=f"clusterbake-{CLUSTER}-node")["Role"]["Arn"]
     assert statements["PassNodeRole"]["Action"] == "iam:PassRole"
     assert statements["PassNodeRole"]["Resource"] == node_role
-    launch = statements["LaunchComputeNodes"]["Resource"]
+    launch = statements["WhatComputeNodesLaunchWith"]["Resource"]
     state = _state(elastic)
     templates = {t["id"] for name, t in state["launch_templates"].items() if name != "head"}
     assert {r.rsplit("/", 1)[1] for r in launch if ":launch-template/" in r} == templates
     assert any(r.endswith(f":security-group/{state['security_group']}") for r in launch)
+    assert not any(":key-pair/" in r for r in launch)  # security review finding 2: no key pair of choice
+    # Instances only from the compute templates (ARNs), only of the groups' types.
+    instances = statements["LaunchComputeNodes"]
+    assert instances["Resource"].endswith(":instance/*")
+    assert {a.rsplit("/", 1)[1] for a in instances["Condition"]["ArnEquals"]["ec2:LaunchTemplate"]} == templates
+    assert statements["WhatComputeNodesLaunchWith"]["Condition"] == {"ArnEquals": instances["Condition"]["ArnEquals"]}
+    assert instances["Condition"]["StringEquals"]["ec2:InstanceType"]
     assert statements["TerminateClusterNodes"]["Condition"] == {
-        "StringEquals": {"ec2:ResourceTag/clusterbake:cluster": CLUSTER}
+        "StringEquals": {"ec2:ResourceTag/clusterbake:cluster": CLUSTER, "ec2:ResourceTag/clusterbake:role": "compute"}
     }
     assert statements["SeeInstances"]["Resource"] == "*"
+    assert not any(s["Action"] == "secretsmanager:GetSecretValue" for s in statements.values())  # never needs one
 
 
 def test_a_head_launched_with_the_node_profile_gets_the_heads(moto, elastic):

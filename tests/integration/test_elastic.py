@@ -108,8 +108,13 @@ def test_a_failed_resume_requeues_the_job_and_the_node_returns_after_the_cool_do
         describe=lambda: head(f"scontrol show job {job}; sinfo -N").stdout,
     )
     assert head("cat /shared/retry.out").stdout.strip() == "cpu-2"
-    assert "Restarts=1" in head(f"scontrol show job {job}").stdout
-    assert "cpu-2 down since" in head("cat /var/log/clusterbake/power.log").stdout
+    # One requeue per failed resume of cpu-2 (Slurm may try again before the injection is cleared:
+    # a loaded host sees two), and the job ran once it was back.
+    power_log = head("cat /var/log/clusterbake/power.log").stdout
+    failed_resumes = power_log.count("DOWN cpu-2: clusterbake: resume failed: injected failure")
+    restarts = int(re.search(r"Restarts=(\d+)", head(f"scontrol show job {job}").stdout).group(1))
+    assert 1 <= failed_resumes == restarts, (failed_resumes, restarts)
+    assert "cpu-2 down since" in power_log
 
 
 def test_a_machine_running_behind_a_powered_down_node_is_stopped(elastic):

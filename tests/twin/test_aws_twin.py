@@ -264,6 +264,58 @@ def test_cluster_instances_pin_the_metadata_hop_limit_to_one(twin):
         assert (options["HttpTokens"], options["HttpPutResponseHopLimit"]) == ("required", 1), (node, options)
 
 
+ROLE_CREDENTIALS = (
+    "import json, urllib.request as u\n"
+    "IMDS = 'http://169.254.169.254/latest/'\n"
+    "ask = u.Request(IMDS + 'api/token', method='PUT', headers={'X-aws-ec2-metadata-token-ttl-seconds': '60'})\n"
+    "token = {'X-aws-ec2-metadata-token': u.urlopen(ask).read().decode()}\n"
+    "role = u.urlopen(u.Request(IMDS + 'meta-data/iam/security-credentials/', headers=token)).read().decode()\n"
+    "print(u.urlopen(u.Request(IMDS + 'meta-data/iam/security-credentials/' + role, headers=token)).read().decode())\n"
+)
+
+
+def test_the_heads_role_launches_only_compute_nodes_from_their_templates_and_ends_only_them(twin):
+    """Security review finding 2: whoever held the head's credentials (any user on the head, before the
+    metadata guard) could launch any instance type without a template, with a key pair and user data of
+    their choice, terminate the head, and read every join bundle. The credentials are taken here as
+    root does on the head, then used as that user would."""
+    import boto3
+
+    answer = json.loads(twin.on("head", f"python3 -c {shlex.quote(ROLE_CREDENTIALS)}").stdout)
+    head_role = boto3.session.Session(
+        aws_access_key_id=answer["AccessKeyId"],
+        aws_secret_access_key=answer["SecretAccessKey"],
+        aws_session_token=answer["Token"],
+        region_name=REGION,
+    )
+    ec2 = head_role.client("ec2", endpoint_url=twin.env["AWS_ENDPOINT_URL"])
+    cpu1, head = twin.instance("cpu-1"), twin.instance("head")
+
+    def refused(call, **params) -> str:
+        try:
+            call(**params)
+        except Exception as exc:
+            return type(exc).__name__ + ": " + str(exc)
+        return "allowed"
+
+    plain = refused(ec2.run_instances, ImageId=cpu1["ImageId"], InstanceType="p5.48xlarge", MinCount=1, MaxCount=1,
+                    SubnetId=cpu1["SubnetId"])  # fmt: skip
+    assert "UnauthorizedOperation" in plain or "AccessDenied" in plain, plain
+    templates = twin.client("ec2").describe_launch_templates(
+        Filters=[{"Name": "tag:clusterbake:cluster", "Values": [CLUSTER]}]
+    )["LaunchTemplates"]
+    compute = next(t for t in templates if t["LaunchTemplateName"].endswith("-cpu"))
+    other_type = refused(ec2.run_instances, LaunchTemplate={"LaunchTemplateId": compute["LaunchTemplateId"]},
+                         InstanceType="p5.48xlarge", MinCount=1, MaxCount=1)  # fmt: skip
+    assert "UnauthorizedOperation" in other_type or "AccessDenied" in other_type, other_type
+    ended = refused(ec2.terminate_instances, InstanceIds=[head["InstanceId"]])
+    assert "UnauthorizedOperation" in ended or "AccessDenied" in ended, ended
+    assert twin.instance("head")["State"]["Name"] == "running"
+    secrets = head_role.client("secretsmanager", endpoint_url=twin.env["AWS_ENDPOINT_URL"])
+    bundle = refused(secrets.get_secret_value, SecretId=f"clusterbake/{CLUSTER}/join/cpu")
+    assert "AccessDenied" in bundle, bundle
+
+
 COPY_PROBE = (
     "import boto3, json, os, sys\n"
     "s3 = boto3.session.Session().client('s3', endpoint_url=os.environ['CLUSTERBAKE_S3_ENDPOINT_URL'] or None)\n"

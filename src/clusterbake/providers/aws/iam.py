@@ -248,17 +248,29 @@ def head_policy(
     subnet_id: str,
     security_group_id: str,
     image_id: str,
-    launch_template_ids: list[str] | tuple[str, ...] = (),
-    kms_key_arn: str | None = None,
+    launch_template_ids: list[str] | tuple[str, ...],
+    instance_types: list[str] | tuple[str, ...],
+    key_name: str | None = None,
 ) -> dict:
     """The inline policy document of the head role (see the module docstring)."""
     p = partition(region)
     ec2 = f"arn:{p}:ec2:{region}:{account}"
-    templates = [f"{ec2}:launch-template/{t}" for t in sorted(set(launch_template_ids))] or [f"{ec2}:launch-template/*"]
-    created = [f"{ec2}:instance/*", f"{ec2}:volume/*", f"{ec2}:network-interface/*"]
+    if not launch_template_ids or not instance_types:
+        raise ClusterbakeError("the head role needs the compute groups' launch templates and instance types")
+    templates = [f"{ec2}:launch-template/{t}" for t in sorted(set(launch_template_ids))]
+    from_templates = {"ArnEquals": {"ec2:LaunchTemplate": templates}}
+    created = [f"{ec2}:volume/*", f"{ec2}:network-interface/*"]
     statements: list[dict] = [
         {
+            # Instances only from the compute groups' templates, only of the groups' types.
             "Sid": "LaunchComputeNodes",
+            "Effect": "Allow",
+            "Action": "ec2:RunInstances",
+            "Resource": f"{ec2}:instance/*",
+            "Condition": {**from_templates, "StringEquals": {"ec2:InstanceType": sorted(set(instance_types))}},
+        },
+        {
+            "Sid": "WhatComputeNodesLaunchWith",
             "Effect": "Allow",
             "Action": "ec2:RunInstances",
             "Resource": [
@@ -268,24 +280,28 @@ def head_policy(
                 *templates,
                 f"arn:{p}:ec2:{region}::image/{image_id}",
                 f"{ec2}:placement-group/*",
-                f"{ec2}:key-pair/*",
+                *([f"{ec2}:key-pair/{key_name}"] if key_name else []),
                 f"{ec2}:capacity-reservation/*",
                 f"{ec2}:spot-instances-request/*",
             ],
+            "Condition": from_templates,
         },
         {
             "Sid": "TagAtLaunch",
             "Effect": "Allow",
             "Action": "ec2:CreateTags",
-            "Resource": [*created, f"{ec2}:spot-instances-request/*"],
+            "Resource": [f"{ec2}:instance/*", *created, f"{ec2}:spot-instances-request/*"],
             "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}},
         },
         {
+            # The cluster's compute nodes only: never the head, nothing of another cluster.
             "Sid": "TerminateClusterNodes",
             "Effect": "Allow",
             "Action": "ec2:TerminateInstances",
             "Resource": f"{ec2}:instance/*",
-            "Condition": {"StringEquals": {f"ec2:ResourceTag/{tags.CLUSTER}": cluster}},
+            "Condition": {
+                "StringEquals": {f"ec2:ResourceTag/{tags.CLUSTER}": cluster, f"ec2:ResourceTag/{tags.ROLE}": "compute"}
+            },
         },
         {
             "Sid": "SeeInstances",
@@ -299,15 +315,8 @@ def head_policy(
             "Action": "iam:PassRole",
             "Resource": role_arn(node_role_name(cluster), region, account),
         },
-        {
-            "Sid": "JoinBundles",
-            "Effect": "Allow",
-            "Action": "secretsmanager:GetSecretValue",
-            "Resource": secrets_arn_prefix(cluster, region, account),
-        },
     ]
-    if kms_key_arn:
-        statements.append(_kms_statement(kms_key_arn, region))
+    # No secret reads: the head is configured by Ansible, never from a join bundle.
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -387,8 +396,9 @@ def ensure_head_role(
     subnet_id: str,
     security_group_id: str,
     image_id: str,
-    launch_template_ids: list[str] | tuple[str, ...] = (),
-    kms_key_arn: str | None = None,
+    launch_template_ids: list[str] | tuple[str, ...],
+    instance_types: list[str] | tuple[str, ...],
+    key_name: str | None = None,
 ) -> tuple[str, str, bool]:
     """(instance profile name, its ARN, created): the head role and profile (`head_policy`), made to
     match; as ensure_node_role."""
@@ -401,7 +411,8 @@ def ensure_head_role(
         security_group_id=security_group_id,
         image_id=image_id,
         launch_template_ids=launch_template_ids,
-        kms_key_arn=kms_key_arn,
+        instance_types=instance_types,
+        key_name=key_name,
     )
     return _ensure_role(
         iam, head_role_name(cluster), HEAD_POLICY_NAME, document, cluster, "the head powers elastic nodes up and down"

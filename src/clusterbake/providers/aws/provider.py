@@ -208,7 +208,8 @@ class AwsProvider(Provider):
             security_group_id=group_id,
             image_id=ami_id,
             launch_template_ids=[templates[g.name][0] for g in self.config.node_groups],
-            kms_key_arn=self.kms_key_arn,
+            instance_types=[t for g in self.config.node_groups for t in g.types],
+            key_name=self.aws.key_name,
         )
         say(f"    instance profile {head_profile}{' created' if head_created else ''}")
 

@@ -34,7 +34,15 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   an instance profile comes with it (request or template), `iam:PassRole` of the
   profile's role, which EC2 checks and moto does not; TerminateInstances and CreateTags
   against each instance (and interface, volume) they name. Other EC2 calls stay checked
-  against `*`. Conditions are not evaluated (moto's own limit: a condition never denies).
+  against `*`.
+- Conditions of EC2 calls: moto evaluates none (a condition never denies there; AWS denies
+  when a condition does not hold). For the EC2 calls above every statement is evaluated again
+  with its conditions: operators String/Arn Equals, NotEquals, Like, NotLike (and IfExists),
+  Bool; keys ec2:LaunchTemplate (the template's ARN, when the launch names one),
+  ec2:InstanceType (on the instance resource: the request's type, else the template's),
+  ec2:ResourceTag/<key> (TerminateInstances and CreateTags: the instance's tags). A key the
+  request does not have fails its condition, as on AWS (IfExists: holds); an operator not
+  listed denies.
 - IAM resources of Secrets Manager calls: with IAM authorization on, moto checks every
   Secrets Manager call against resource `*`, so a policy that names secret ARNs (the
   only kind clusterbake writes) would deny everything. The resource is the secret's
@@ -60,6 +68,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import uuid
 
 from moto.core.responses import ActionResult, EmptyResult
@@ -297,11 +306,93 @@ class _PassRoleRequest(IAMRequest):
 
 
 def authorize_ec2(self: EC2Response, resource: str = "*") -> None:
-    for each in _ec2_resources(self):
-        self._authenticate_and_authorize_action(IAMRequest, each)
+    _EC2_CALL.response = self
+    try:
+        for each in _ec2_resources(self):
+            self._authenticate_and_authorize_action(_ConditionedRequest, each)
+    finally:
+        _EC2_CALL.response = None
     role = _passed_role(self)
     if role:
         self._authenticate_and_authorize_action(_PassRoleRequest, role)
+
+
+_EC2_CALL = threading.local()  # the EC2 call being authorized (its request gives the conditions' keys)
+
+
+def _condition_context(response: EC2Response, resource: str) -> dict[str, list[str]]:
+    """The condition keys of one resource of an EC2 call, as AWS sets them."""
+    context: dict[str, list[str]] = {}
+    kind_and_id = resource.rsplit(":", 1)[-1]
+    if response._get_action() == "RunInstances":
+        template_ref = response._get_param("LaunchTemplate", {}) or {}
+        data: dict = {}
+        if template_ref:
+            version = response.ec2_backend._get_template_from_args(template_ref)
+            data = version.data
+            context["ec2:LaunchTemplate"] = [_ec2_arn(response, "launch-template", version.template.id)]
+        if kind_and_id.startswith("instance/"):
+            instance_type = response._get_param("InstanceType") or data.get("InstanceType")
+            if instance_type:
+                context["ec2:InstanceType"] = [instance_type]
+    elif kind_and_id.startswith("instance/i-"):
+        try:
+            instance = response.ec2_backend.get_instance(kind_and_id.removeprefix("instance/"))
+        except Exception:
+            return context  # EC2 answers an unknown instance itself
+        for tag in instance.get_tags():
+            context[f"ec2:ResourceTag/{tag['key']}"] = [tag["value"]]
+    return context
+
+
+def _holds(operator: str, expected, values: list[str] | None) -> bool:
+    if_exists = operator.endswith("IfExists")
+    operator = operator.removesuffix("IfExists")
+    if values is None:
+        return if_exists
+    wanted = [str(v) for v in (expected if isinstance(expected, list) else [expected])]
+    like = lambda pattern, value: re.fullmatch(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."), value)  # noqa: E731
+    if operator in ("StringEquals", "ArnEquals"):
+        return any(v in wanted for v in values)
+    if operator in ("StringNotEquals", "ArnNotEquals"):
+        return all(v not in wanted for v in values)
+    if operator in ("StringLike", "ArnLike"):
+        return any(like(w, v) for w in wanted for v in values)
+    if operator in ("StringNotLike", "ArnNotLike"):
+        return not any(like(w, v) for w in wanted for v in values)
+    if operator == "Bool":
+        return any(v.lower() == w.lower() for w in wanted for v in values)
+    return False  # an operator this twin does not know: deny rather than pass
+
+
+def _statement_applies(statement: dict, action: str, resource: str, context: dict[str, list[str]]) -> bool:
+    unconditioned = {k: v for k, v in statement.items() if k != "Condition"}
+    if IAMPolicyStatement(unconditioned).is_action_permitted(action, resource) == PermissionResult.NEUTRAL:
+        return False
+    return all(
+        _holds(operator, expected, context.get(key))
+        for operator, pairs in (statement.get("Condition") or {}).items()
+        for key, expected in pairs.items()
+    )
+
+
+class _ConditionedRequest(IAMRequest):
+    """An EC2 resource's IAM check, then its policies again with their conditions."""
+
+    def check_action_permitted(self, resource: str) -> None:
+        super().check_action_permitted(resource)
+        context = _condition_context(_EC2_CALL.response, resource)
+        allowed = False
+        for policy in self._access_key.collect_policies():
+            document = IAMPolicy(policy)._policy_json
+            statements = document["Statement"] if isinstance(document["Statement"], list) else [document["Statement"]]
+            for statement in statements:
+                if _statement_applies(statement, self._action, resource, context):
+                    if statement.get("Effect") == "Deny":
+                        self._raise_access_denied()
+                    allowed = True
+        if not allowed:
+            self._raise_access_denied()
 
 
 def _secret_resource(self: SecretsManagerResponse) -> str:
