@@ -382,6 +382,8 @@ class StorageBase(Strict):
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/") or value == "/" or value.endswith("/") or "//" in value:
             raise ValueError("must be an absolute path other than /, e.g. /shared")
+        if not re.fullmatch(r"/[A-Za-z0-9._/-]+", value) or "/../" in f"{value}/" or "/./" in f"{value}/":
+            raise ValueError("use letters, digits, '.', '_', '-' and '/' only (it goes into units and exports)")
         return value
 
 
@@ -617,13 +619,84 @@ STORAGE_TYPES = {
 DEFAULT_STORAGE_TYPE = {"local": "hostdir", "aws": "nfs", "azure": "nfs"}
 
 
+# Accounts of the images and their daemons: a cluster user of that name would be adopted by the
+# join (and removed with it); the clouds' login users are refused by ClusterConfig.
+RESERVED_USER_NAMES = frozenset(
+    [
+        "root",
+        "daemon",
+        "bin",
+        "sys",
+        "sync",
+        "games",
+        "man",
+        "lp",
+        "mail",
+        "news",
+        "uucp",
+        "proxy",
+        "www-data",
+        "backup",
+        "list",
+        "irc",
+        "gnats",
+        "nobody",
+        "_apt",
+        "messagebus",
+        "sshd",
+        "systemd-network",
+        "systemd-resolve",
+        "systemd-timesync",
+        "systemd-journal-remote",
+        "polkitd",
+        "syslog",
+        "uuidd",
+        "tcpdump",
+        "tss",
+        "landscape",
+        "pollinate",
+        "fwupd-refresh",
+        "lxd",
+        "usbmux",
+        "dnsmasq",
+        "statd",
+        "_rpc",
+        "slurm",
+        "munge",
+        "mysql",
+        "prometheus",
+        "nvidia-persistenced",
+        "ubuntu",
+        "azureuser",
+        "admin",
+        "debian",
+    ]
+)
+# Cluster users' uids start here: below are the images' own accounts (the clouds' login user is 1000).
+FIRST_USER_UID = 2000
+# A line of a file the nodes get (passwd, authorized_keys, a .mount unit): no control character.
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+
+
 class User(Strict):
     name: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="Login name.")]
-    uid: int = Field(ge=1000, le=60000, description="Same UID on every node (shared /home).")
-    gid: int | None = Field(None, ge=1000, le=60000, description="Defaults to the uid.")
-    shell: str = Field("/bin/bash", description="Login shell.")
-    sudo: bool = Field(False, description="Passwordless sudo on every node.")
-    ssh_authorized_keys: list[str] = Field(default_factory=list, description="Public keys for SSH to the head.")
+    uid: int = Field(ge=FIRST_USER_UID, le=60000, description="Same UID on every node (shared /home); 2000 and up.")
+    gid: int | None = Field(None, ge=FIRST_USER_UID, le=60000, description="Defaults to the uid.")
+    shell: str = Field("/bin/bash", pattern=r"^/[A-Za-z0-9._/+-]+$", description="Login shell.")
+    sudo: bool = Field(
+        False, description="Passwordless sudo on every node: a cluster administrator (and on local, host root)."
+    )
+    ssh_authorized_keys: list[Annotated[str, Field(pattern=NO_CONTROL, min_length=1)]] = Field(
+        default_factory=list, description="Public keys for SSH to the head (one line each)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_USER_NAMES:
+            raise ValueError(f"{value!r} is an account of the images or their daemons; choose another name")
+        return value
+
     account: str | None = Field(
         None,
         description="Slurm account of the user's jobs (accounting.accounts); default: the first account.",
@@ -1119,6 +1192,12 @@ class ClusterConfig(Strict):
         _unique("storage", [s.name for s in self.storage or []])
         _unique("users", [u.name for u in self.users])
         _unique("users", [u.uid for u in self.users], what="uid")
+        login = self.aws.ssh_user if self.aws else self.azure.admin_user if self.azure else None
+        for index, user in enumerate(self.users):
+            if user.name == login:
+                raise ValueError(
+                    f"users.{index}.name: {login!r} is the cloud's login user (the controller's); choose another name"
+                )
         groups = {g.name for g in self.node_groups}
         if "head" in groups:
             raise ValueError("node_groups: 'head' is reserved for the head node; rename the group")

@@ -5,6 +5,7 @@ left out until it powers up, and `clusterbake report`'s PNG."""
 
 import json
 import re
+import shlex
 import urllib.parse
 import urllib.request
 
@@ -37,13 +38,24 @@ def monitored(image):
 
 
 def api(path: str, **params) -> dict:
-    """Prometheus's HTTP API on the head's bridge address, straight from this host."""
-    address = get_provider(load_config(CONFIG)).addresses()["head"]
-    url = f"http://{address}:{MONITORING_PORTS['prometheus']}{path}?{urllib.parse.urlencode(params)}"
-    with urllib.request.urlopen(url, timeout=30) as response:
-        answer = json.load(response)
+    """Prometheus's HTTP API on the head, where it listens (127.0.0.1 only, as `clusterbake report`
+    reads it)."""
+    url = f"http://127.0.0.1:{MONITORING_PORTS['prometheus']}{path}?{urllib.parse.urlencode(params)}"
+    fetch = f"import sys, urllib.request as u; sys.stdout.write(u.urlopen({url!r}, timeout=30).read().decode())"
+    answer = json.loads(head(f"python3 -c {shlex.quote(fetch)}").stdout)
     assert answer["status"] == "success", answer
     return answer["data"]
+
+
+def test_prometheus_and_the_slurm_exporter_answer_only_on_the_head_itself(monitored):
+    """Security review finding 13: they listened on every interface: any cluster user (or, on the
+    local provider, any host user through the bridge) read every user's jobs from them."""
+    address = get_provider(load_config(CONFIG)).addresses()["head"]
+    for port in (MONITORING_PORTS["prometheus"], MONITORING_PORTS["slurm_exporter"]):
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=5)
+        probe = f"import urllib.request as u; u.urlopen('http://{address}:{port}/metrics', timeout=5)"
+        assert on("cpu-1", f"python3 -c {shlex.quote(probe)}", config=CONFIG, check=False).returncode != 0, port
 
 
 def value(expr: str) -> float | None:

@@ -171,7 +171,12 @@ def test_users_are_added_and_removed_across_the_cluster(ops_cluster, tmp_path):
     second_up_skips(with_alice)
     head(f"runuser -u alice -- srun --mem={MEMORY} -N2 true")  # while researcher's job runs
 
-    # Removing: not while the config has alice, nor while alice has a job.
+    # Removing: never a name that is a path (security review finding 16: `name=..` with remove_home
+    # passed every check and removed /home/.., that is /), not while the config has alice, nor while
+    # alice has a job.
+    climbing = ops("user_remove", "-e", "name=..", "-e", "remove_home=true", check=False)
+    assert climbing.returncode != 0 and "not a login name" in climbing.stderr + climbing.stdout
+    assert head("test -d /etc && test -d /home/researcher", check=False).returncode == 0
     still = ops("user_remove", "-e", "name=alice", config=with_alice, check=False)
     assert still.returncode == 1 and "alice is still in the config's users list" in still.stderr
     alice_job = submit("sleep 900", user="alice", nodes="cpu-2")

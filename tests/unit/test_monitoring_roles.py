@@ -49,7 +49,7 @@ def test_the_head_runs_prometheus_with_targets_from_the_plan(joined):
     assert "dcgm" not in jobs  # no GPU node
     assert config["global"]["scrape_interval"] == "15s" and config["global"]["external_labels"] == {"cluster": "t"}
     args = head["/etc/default/prometheus"]["text"]
-    assert "--storage.tsdb.retention.time=15d" in args and "--web.listen-address=:9090" in args
+    assert "--storage.tsdb.retention.time=15d" in args and "--web.listen-address=127.0.0.1:9090" in args
     assert all(
         head[path]["restart"] == ["prometheus"]
         for path in ("/etc/prometheus/prometheus.yml", "/etc/default/prometheus")
@@ -59,7 +59,7 @@ def test_the_head_runs_prometheus_with_targets_from_the_plan(joined):
 def test_the_head_runs_the_slurm_exporter_with_the_elastic_targets(joined):
     settings = json.loads(files(joined["bundles"]["head"])["/etc/clusterbake/slurm-exporter.json"]["text"])
     assert settings == {
-        "address": "0.0.0.0",
+        "address": "127.0.0.1",  # scraped there; nothing else may ask (security review finding 13)
         "port": 9341,
         "targets": [{"file": "/var/lib/clusterbake-slurm-exporter/node.json", "port": 9100, "nodes": ["burst-1"]}],
     }
