@@ -107,3 +107,16 @@ def test_a_set_uid_file_a_nodes_root_makes_in_shared_storage_gives_no_one_root(c
         assert options and {"nosuid", "nodev"} <= set(options[-1].split(",")), options
     finally:
         head("rm -f /shared/sec-suid")
+
+
+def test_a_user_sees_only_their_own_jobs(cluster):
+    """Finding 11: every user saw every job, user, account and usage (no PrivateData)."""
+    job = head("cd /tmp && runuser -u researcher -- sbatch --parsable -N1 --mem=64 -o /dev/null --wrap 'sleep 60'")
+    job = job.stdout.strip()
+    try:
+        assert job in head("squeue -h -o %i").stdout.split()  # root sees it
+        assert job not in as_user("mallory", "squeue -h -o %i").stdout.split()
+        assert job in as_user("researcher", "squeue -h -o %i").stdout.split()
+        assert "researcher" not in as_user("mallory", "sshare -a -h -o User", check=False).stdout.split()
+    finally:
+        head(f"scancel {job}")
