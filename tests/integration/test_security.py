@@ -120,3 +120,13 @@ def test_a_user_sees_only_their_own_jobs(cluster):
         assert "researcher" not in as_user("mallory", "sshare -a -h -o User", check=False).stdout.split()
     finally:
         head(f"scancel {job}")
+
+
+def test_a_compute_nodes_root_cannot_take_another_address_on_the_bridge(cluster):
+    """Finding 17: the power agent takes a bearer token over HTTP on the bridge, and every node had
+    CAP_NET_ADMIN and CAP_NET_RAW (ARP spoofing of the host's address). Compute nodes have neither."""
+    link = on("cpu-1", "ip link add cbsecdummy type dummy", config=CONFIG, check=False)
+    assert link.returncode != 0 and "Operation not permitted" in link.stderr, link.stderr
+    raw = "import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)"
+    sniff = on("cpu-1", f"python3 -c {shlex.quote(raw)}", config=CONFIG, check=False)
+    assert sniff.returncode != 0 and "Operation not permitted" in sniff.stderr, sniff.stderr

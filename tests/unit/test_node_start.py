@@ -63,3 +63,12 @@ def test_masking_in_a_node_root_links_to_dev_null_and_repeats_harmlessly(tmp_pat
         assert path.is_symlink() and str(path.readlink()) == "/dev/null"
     assert (units / "a.mount").readlink() == Path("/dev/null")
     assert (units / "kept.service").read_text() == "[Service]\n"
+
+
+def test_compute_nodes_may_not_administer_their_network_nor_open_raw_sockets():
+    """Security review finding 17 (the argv the local provider starts nodes with)."""
+    head = machines.nspawn_argv("m", "head", Path("/r"), "ns", {}, network_admin=True, raw_sockets=False)
+    compute = machines.nspawn_argv("m", "cpu-1", Path("/r"), "ns", {}, network_admin=False, raw_sockets=False)
+    assert "--capability=CAP_NET_ADMIN" in head and "--capability=CAP_NET_ADMIN" not in compute
+    assert "--drop-capability=CAP_NET_RAW" in head and "--drop-capability=CAP_NET_RAW" in compute
+    assert compute[-1] == "--boot"  # options before the init's arguments

@@ -102,7 +102,12 @@ def nspawn_argv(
     readonly_binds: dict[str, Path] | None = None,
     uuid: str | None = None,
     init_args: list[str] | None = None,
+    network_admin: bool = True,
+    raw_sockets: bool = True,
 ) -> list[str]:
+    """`network_admin`: CAP_NET_ADMIN in the node's own network namespace; `raw_sockets`: keep
+    nspawn's CAP_NET_RAW. Without both a node's root cannot impersonate another address on its
+    bridge (ARP), where the local provider's power agent takes a bearer token over HTTP."""
     argv = [
         NSPAWN,
         "--quiet",
@@ -119,10 +124,14 @@ def nspawn_argv(
     ]
     if netns:
         argv.insert(-1, f"--network-namespace-path=/run/netns/{netns}")
+    if netns and network_admin:
         # Root administers the node's own network namespace, as on a VM and as nspawn's
         # --private-network allows (which --network-namespace-path does not imply): the head sets
-        # route flags (role slurm_accounting's quickack). The host's namespace stays out of reach.
+        # route flags (role slurm_accounting's quickack), a cloud node its metadata guard (nftables).
+        # The host's namespace stays out of reach.
         argv.insert(-1, "--capability=CAP_NET_ADMIN")
+    if not raw_sockets:
+        argv.insert(-1, "--drop-capability=CAP_NET_RAW")
     for inside, host in sorted(binds.items()):
         argv.insert(-1, f"--bind={host}:{inside}")
     for inside, host in sorted((readonly_binds or {}).items()):

@@ -409,6 +409,10 @@ class LocalProvider(Provider):
             self._binds(),
             readonly_binds=self._gpu_devices(name),
             init_args=init_args,
+            # Compute nodes cannot spoof an address on the bridge (security review finding 17): the head
+            # alone keeps CAP_NET_ADMIN (quickack), no node CAP_NET_RAW.
+            network_admin=self.node(name).role == "head",
+            raw_sockets=False,
         )
         machines.spawn(argv, self.machine_name(name), paths.console_log, shared_cpu=self.node(name).role == "compute")
 
