@@ -195,8 +195,10 @@ class _HostKeyPolicy:
         with _locked(self.known_hosts):
             # Another process (or thread) may have recorded a key since this connection loaded the file.
             recorded = _load_host_keys(self.known_hosts).lookup(hostname)
-            if recorded is not None and key.get_name() in recorded:
-                if recorded[key.get_name()] != key:
+            if recorded is not None:
+                # A known host offering a key not recorded (another type included) is a changed host:
+                # first use is trusted once, never a second time with another key.
+                if key.get_name() not in recorded or recorded[key.get_name()] != key:
                     raise HostKeyError(_changed_message(self.name, hostname, key, self.known_hosts))
             else:
                 names = [hostname]
@@ -232,6 +234,23 @@ def _matches(pattern: str, targets: set[str]) -> bool:
     if pattern.startswith("[") and "]:" in pattern:
         return pattern[1 : pattern.index("]:")] in targets
     return False
+
+
+def knows_host(known_hosts: Path, host: str) -> bool:
+    """Has known_hosts a key of `host` (a name or an address)?"""
+    return _load_host_keys(known_hosts).lookup(host) is not None
+
+
+def pin_host_keys(known_hosts: Path, names: list[str], keys: list[str]) -> int:
+    """Record a host's public keys (OpenSSH `type base64` lines, from a trusted channel) under
+    `names`; returns how many lines were added. A name already known keeps its keys."""
+    with _locked(known_hosts):
+        known = _load_host_keys(known_hosts)
+        fresh = [n for n in names if known.lookup(n) is None]
+        lines = [f"{','.join(fresh)} {' '.join(key.split()[:2])}\n" for key in keys] if fresh else []
+        with open(known_hosts, "a", encoding="ascii") as handle:
+            handle.writelines(lines)
+    return len(lines)
 
 
 def forget_hosts(known_hosts: Path, names_or_addresses: Iterable[str]) -> int:

@@ -21,6 +21,11 @@ class Moto:
     url: str
     capacity_file: Path
     env: dict[str, str]
+    console_dir: Path  # <instance id>.log: that instance's console output (GetConsoleOutput)
+
+    def console(self, instance_id: str, text: str) -> None:
+        """What the instance's console shows (its boot program prints its host keys there)."""
+        (self.console_dir / f"{instance_id}.log").write_text(text)
 
     def ec2(self):
         return self.client("ec2")

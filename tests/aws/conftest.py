@@ -46,13 +46,19 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
         "AWS_EC2_METADATA_DISABLED": "true",
     }
     capacity_file = root / "capacity.json"
+    (root / "console").mkdir(exist_ok=True)
     log_path = root / "moto.log"
     with log_path.open("w") as log:
         server = subprocess.Popen(
             [sys.executable, str(HERE / "moto_ec2_server.py"), "-H", "127.0.0.1", "-p", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**env, "MOTO_CAPACITY_FILE": str(capacity_file), **server_env},
+            env={
+                **env,
+                "MOTO_CAPACITY_FILE": str(capacity_file),
+                "MOTO_CONSOLE_DIR": str(root / "console"),
+                **server_env,
+            },
         )
         try:
             deadline = time.monotonic() + 30
@@ -64,7 +70,7 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
                     if server.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"moto server did not start: {log_path.read_text()}") from None
                     time.sleep(0.1)
-            yield Moto(url, capacity_file, env)
+            yield Moto(url, capacity_file, env, root / "console")
         finally:
             stop_server(server)
 

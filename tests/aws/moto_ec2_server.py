@@ -5,19 +5,27 @@ Run as `python tests/aws/moto_ec2_server.py -H 127.0.0.1 -p PORT` (same options 
 src/clusterbake/twins/aws/moto_ext.py (the EC2 twin uses the same ones): placement
 groups, launch templates applied as EC2 applies them (subnet, instance profile,
 metadata options), the $MOTO_CAPACITY_FILE switch for InsufficientInstanceCapacity,
-and secret ARNs as the IAM resource of Secrets Manager calls. See that module's
+secret ARNs as the IAM resource of Secrets Manager calls, and each instance's console output
+from $MOTO_CONSOLE_DIR. See that module's
 docstring for exactly what each adds and why.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from moto.server import main
 
-from clusterbake.twins.aws.moto_ext import install
+from clusterbake.twins.aws import moto_ext
 
-install()
+moto_ext.install()
+# An instance's console output: $MOTO_CONSOLE_DIR/<instance id>.log when a test wrote one (the
+# twin's is the node's own console).
+moto_ext.CONSOLE_LOG = lambda instance_id: (
+    Path(os.environ.get("MOTO_CONSOLE_DIR", "/nonexistent")) / f"{instance_id}.log"
+)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -45,12 +45,42 @@ def _addresses(moto) -> dict[str, tuple[str, str]]:
     }
 
 
+def _console_with_keys(*keys: str) -> str:
+    """A boot's console as cloud-init (EC2's `ec2:` prefix) and the boot program print the host keys."""
+    block = ["ec2: -----BEGIN SSH HOST KEY KEYS-----", *(f"ec2: {k} root@ip-10-50-0-4" for k in keys),
+             "ec2: -----END SSH HOST KEY KEYS-----"]  # fmt: skip
+    return "\n".join(["[    0.000000] Linux version 6.8.0", *block, "Ubuntu 24.04 LTS ip-10-50-0-4 ttyS0"]) + "\n"
+
+
 def test_endpoint_is_the_private_ip_as_ssh_user_with_sudo_through_the_bastion(moto, provider):
+    head_id, address = _addresses(moto)["head"]
+    moto.console(head_id, _console_with_keys(KEY))
     head = provider.endpoint("head")
-    assert head.host == _addresses(moto)["head"][1]
+    assert head.host == address
     assert (head.name, head.user, head.port, head.sudo) == ("head", "ubuntu", 22, True)
     assert head.host_key_policy == "accept-new" and head.gateway == "jump@bastion.example.com:2222"
     assert head.known_hosts == provider.cluster.known_hosts
+
+
+def test_a_nodes_host_keys_are_pinned_from_its_console_before_anything_connects(moto, provider, monkeypatch):
+    """Security review finding 8: host keys were trusted on first use, and the head's first connection
+    carries the cluster's secrets. Now they come from EC2's console output (a trusted channel)."""
+    cpu_id, address = _addresses(moto)["gpu-1"]
+    other = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQDpinnedtoo"
+    moto.console(cpu_id, _console_with_keys(KEY, other))
+    provider.endpoint("gpu-1")
+    pinned = HostKeys(str(provider.cluster.known_hosts))
+    assert pinned.lookup(address)["ssh-ed25519"].get_base64() == KEY.split()[1]
+    assert pinned.lookup("gpu-1") is not None and "ssh-rsa" in pinned.lookup(address)
+    # A node whose console never shows its keys is not connected to at all.
+    import clusterbake.providers.aws.provider as aws_provider
+
+    monkeypatch.setattr(aws_provider, "HOST_KEYS_POLL", 0.1)
+    gpu2_id, _ = _addresses(moto)["gpu-2"]
+    moto.console(gpu2_id, "[    0.000000] Linux version 6.8.0\n")
+    with pytest.raises(ClusterbakeError, match="has not shown its SSH host keys on its console"):
+        provider._pin_host_keys("gpu-2", "10.50.9.9", gpu2_id, timeout=0.3)
+    assert HostKeys(str(provider.cluster.known_hosts)).lookup("10.50.9.9") is None
 
 
 def test_wait_ready_probes_only_the_head(moto, provider, monkeypatch):

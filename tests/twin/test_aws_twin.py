@@ -63,6 +63,20 @@ def test_clusterbake_ssh_reaches_a_node_as_its_login_user_and_runs_as_root(twin)
     assert result.stdout.split() == ["root", load_config(twin.config).aws.ssh_user]
 
 
+def test_the_heads_host_keys_were_pinned_from_its_console_not_trusted_on_first_use(twin):
+    """Security review finding 8: the controller's known_hosts has the head's keys as its boot printed
+    them on the console (EC2 GetConsoleOutput), before the first connection."""
+    from clusterbake.state import StateDir
+
+    state = StateDir(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")))
+    known = state.cluster(CLUSTER).known_hosts.read_text()
+    head = twin.instance("head")
+    console = twin.client("ec2").get_console_output(InstanceId=head["InstanceId"], Latest=True)["Output"]
+    assert "-----BEGIN SSH HOST KEY KEYS-----" in console
+    actual = twin.on("head", "cut -d' ' -f1,2 /etc/ssh/ssh_host_ed25519_key.pub").stdout.strip()
+    assert f"{head['PrivateIpAddress']},head {actual}" in known, known
+
+
 def test_second_cluster_up_changes_nothing(twin):
     before = {n: twin.instance(n)["InstanceId"] for n in ("head", "cpu-1", "cpu-2")}
     result = twin.cb("cluster", "up", timeout=900)

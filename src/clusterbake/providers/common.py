@@ -1,8 +1,11 @@
 """What the cloud providers (aws, azure) share: SSH access to their nodes (the options, Ansible connection
 vars, endpoints and the wait for the head to answer) and the check of a group's fallback sizes.
 
-Host keys are new on every instance/VM: trust on first use, pinned per cluster (known_hosts);
-commands run as root (sudo) through the provider's login user, by way of its bastion if any.
+Host keys are new on every instance/VM. AWS pins them before the first connection from the
+instance's console output (the boot program prints them there, `host_keys_from_console`); a host
+whose keys are not pinned yet is trusted on first use (the bastion, Azure's VMs), once: a known
+host that offers any other key is refused. Commands run as root (sudo) through the provider's
+login user, by way of its bastion if any.
 """
 
 from __future__ import annotations
@@ -28,6 +31,27 @@ def ssh_options(cluster: ClusterDir, bastion: str | None) -> list[str]:
     if bastion:
         options += ["-o", f"ProxyJump={bastion}"]
     return options
+
+
+HOST_KEYS_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
+HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"
+
+
+def host_keys_from_console(text: str) -> list[str]:
+    """The SSH host keys of the last complete block cloud-init (or the boot program) wrote to the
+    console: `type base64` each; [] when there is none yet."""
+    blocks, current = [], None
+    for raw in text.splitlines():
+        line = raw.split(": ", 1)[1] if raw.startswith(("ec2: ", "ci-info: ")) else raw
+        line = line.strip()
+        if line == HOST_KEYS_BEGIN:
+            current = []
+        elif line == HOST_KEYS_END and current is not None:
+            blocks.append(current)
+            current = None
+        elif current is not None and len(line.split()) >= 2 and line.split()[0].startswith(("ssh-", "ecdsa-")):
+            current.append(" ".join(line.split()[:2]))
+    return blocks[-1] if blocks else []
 
 
 def connection_vars(cluster: ClusterDir, user: str, options: list[str], extra: dict) -> dict:

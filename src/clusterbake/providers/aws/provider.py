@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from functools import cached_property
 from pathlib import Path
 
@@ -26,6 +27,10 @@ from clusterbake.remote import Endpoint
 from clusterbake.state import StateDir
 
 SSH_READY_TIMEOUT = 600.0
+# How long a new instance may take to print its host keys on its console (EC2 publishes the
+# console output of Nitro instances at once with Latest=True), and how often it is read.
+HOST_KEYS_TIMEOUT = 600.0
+HOST_KEYS_POLL = 3.0
 # AWS reserves the first four addresses of a subnet and the last (the network address and
 # the last are not hosts anyway): nodes start after the third host address.
 RESERVED_FIRST_HOSTS = 3
@@ -408,7 +413,7 @@ class AwsProvider(Provider):
             return changes
         running = discover.by_name(discover.cluster_instances(self.client, cluster, states=("running",)), warn=False)
         names = [n.name for n in self.nodes if n.nodegroup in refresh and n.name in running]
-        endpoints = {n: self._endpoint_to(n, running[n]["PrivateIpAddress"]) for n in names}
+        endpoints = {n: self._endpoint_to(n, running[n]) for n in names}
         results = remote.run_many(endpoints, "clusterbake-node-boot fetch", timeout=300, check=False)
         for name, result in sorted(results.items()):
             if isinstance(result, Exception) or result.returncode != 0:
@@ -431,7 +436,7 @@ class AwsProvider(Provider):
         if not head.get("PrivateIpAddress"):
             raise ClusterbakeError("the head has no instance (or no address yet); `clusterbake cluster up` launches it")
         common.wait_ssh(
-            self._endpoint_to("head", head["PrivateIpAddress"]),
+            self._endpoint_to("head", head),
             timeout,
             "check aws.ssh_cidrs / aws.bastion and the instances' system logs (EC2 console output)",
         )
@@ -748,10 +753,32 @@ class AwsProvider(Provider):
         instance = self._instance(node)
         if instance is None or not instance.get("PrivateIpAddress"):
             raise ClusterbakeError(f"node {node} has no running instance; `clusterbake cluster up` launches it")
-        return self._endpoint_to(node, instance["PrivateIpAddress"])
+        return self._endpoint_to(node, instance)
 
-    def _endpoint_to(self, node: str, address: str) -> Endpoint:
+    def _endpoint_to(self, node: str, instance: dict) -> Endpoint:
+        address = instance["PrivateIpAddress"]
+        self._pin_host_keys(node, address, instance["InstanceId"])
         return common.endpoint(self.cluster, node, address, self.aws.ssh_user, self.aws.bastion)
+
+    def _pin_host_keys(self, node: str, address: str, instance_id: str, timeout: float = HOST_KEYS_TIMEOUT) -> None:
+        """The node's SSH host keys into known_hosts from its console output (EC2's API: the boot
+        program prints them there) before anything connects to it: never trust on first use for a
+        node that receives the cluster's secrets (security review finding 8)."""
+        if remote.knows_host(self.cluster.known_hosts, address):
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = call(self.client.get_console_output, InstanceId=instance_id, Latest=True)
+            keys = common.host_keys_from_console(answer.get("Output") or "")  # botocore decodes its base64
+            if keys:
+                remote.pin_host_keys(self.cluster.known_hosts, [address, node], keys)
+                return
+            if time.monotonic() > deadline:
+                raise ClusterbakeError(
+                    f"{node} ({instance_id}) has not shown its SSH host keys on its console in {timeout:.0f} s "
+                    "(its boot program prints them; see `aws ec2 get-console-output`): nothing connected to it"
+                )
+            time.sleep(HOST_KEYS_POLL)
 
     def _forget_replaced_hosts(self) -> list[str]:
         """Drop the known_hosts lines of nodes whose instance is not the one state.json records.

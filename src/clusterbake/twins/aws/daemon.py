@@ -95,9 +95,11 @@ class Twin:
         from moto.moto_api._internal import mock_random
         from moto.server import ThreadedMotoServer
 
+        from clusterbake.twins.aws import moto_ext
         from clusterbake.twins.aws.moto_ext import install
 
         install()
+        moto_ext.CONSOLE_LOG = lambda instance_id: self.nodes.paths(instance_id).console_log
         mock_random.seed(SEED)
         self.server = ThreadedMotoServer(self.args.address, self.args.port, verbose=False)
         self.server.start()

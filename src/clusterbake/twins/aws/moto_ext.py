@@ -56,6 +56,10 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   (`arn:aws:sts::<account>:assumed-role/<name>/<session>`), which on AWS it does: a role
   that trusts another role is assumable from that role's sessions (the jobs role, from the
   nodes' sessions of the node role).
+- Console output: moto answers GetConsoleOutput with the same sample text for every instance.
+  Here it is the node's own console (what its boot wrote to /dev/console, the last 64 KiB, as
+  EC2 keeps), from `CONSOLE_LOG(instance_id)` (the twin's daemon sets it), and nothing before
+  the node booted.
 - Signatures of bodyless REST calls: to check a request's signature moto rebuilds it
   with `data=body or data`, and for a GET without a body (EFS DescribeFileSystems,
   DescribeMountTargets) its `data` holds the request's headers, which become a body
@@ -70,6 +74,8 @@ import os
 import re
 import threading
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 from moto.core.responses import ActionResult, EmptyResult
 from moto.ec2.exceptions import EC2ClientError
@@ -203,6 +209,29 @@ def run_instances(self: EC2Response) -> ActionResult:
     _apply_imds_support(self)
     _check_addresses(self)
     return _run_instances(self)
+
+
+# The twin's daemon: instance id -> the node's console log (None: not a node of the twin).
+CONSOLE_LOG: Callable[[str], Path | None] = lambda instance_id: None  # noqa: E731
+CONSOLE_BYTES = 64 * 1024  # what EC2 keeps of an instance's console
+
+
+def get_console_output(self: EC2Response) -> ActionResult:
+    from moto.core.utils import utcnow
+    from moto.ec2.utils import Base64EncodedString
+
+    instance = self.ec2_backend.get_instance(self._get_param("InstanceId"))
+    path = CONSOLE_LOG(instance.id)
+    try:
+        with open(path, "rb") as handle:  # type: ignore[arg-type]
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - CONSOLE_BYTES))
+            text = handle.read().decode(errors="replace")
+    except (OSError, TypeError):
+        text = ""
+    result = {"InstanceId": instance.id, "Timestamp": utcnow()}
+    if text:
+        result["Output"] = Base64EncodedString.from_raw_string(text)
+    return ActionResult(result)
 
 
 _IMDS_V2_IMAGES: set[str] = set()  # AMIs registered with ImdsSupport v2.0
@@ -463,6 +492,7 @@ def install() -> None:
     EC2Response.delete_placement_group = delete_placement_group
     EC2Response.run_instances = run_instances
     EC2Response.register_image = register_image
+    EC2Response.get_console_output = get_console_output
     EC2Response._authenticate_and_authorize_normal_action = authorize_ec2
     SecretsManagerResponse._determine_resource = _secret_resource
     IAMRequestBase._create_aws_request = create_aws_request
