@@ -21,11 +21,24 @@ from moto.server import main
 from clusterbake.twins.aws import moto_ext
 
 moto_ext.install()
-# An instance's console output: $MOTO_CONSOLE_DIR/<instance id>.log when a test wrote one (the
-# twin's is the node's own console).
-moto_ext.CONSOLE_LOG = lambda instance_id: (
-    Path(os.environ.get("MOTO_CONSOLE_DIR", "/nonexistent")) / f"{instance_id}.log"
+# An instance's console output: $MOTO_CONSOLE_DIR/<instance id>.log when a test wrote one, else what
+# a booted node prints (its host keys, as the boot program does; one fixed test key: nothing here
+# answers SSH). The twin's is the node's own console.
+BOOTED_CONSOLE = (
+    "-----BEGIN SSH HOST KEY KEYS-----\n"
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKnLhc+bqT1CV7aEgmuyrkmzHfIzmN2ZRDo8ulTN2JGH\n"
+    "-----END SSH HOST KEY KEYS-----\n"
 )
+
+
+def console_log(instance_id: str) -> Path:
+    path = Path(os.environ.get("MOTO_CONSOLE_DIR", "/nonexistent")) / f"{instance_id}.log"
+    if not path.exists() and path.parent.is_dir():
+        path.write_text(BOOTED_CONSOLE)
+    return path
+
+
+moto_ext.CONSOLE_LOG = console_log
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -337,8 +337,13 @@ def test_hostdir_storage_produces_nothing(run):
         if r["task"].endswith("Describe the shared storage for the join bundle")
     ][-3:]
     assert len(parts) == 3  # the last play: head, cpu-1, gpu-1 with hostdir storage only
+    # The head alone (the record has no host: one of the three) makes each user's private job and
+    # checkpoint directory (the join program).
+    private = sorted((f["shared_storage_join_part"]["user_directories"] for f in parts), key=len)
+    assert private == [[], [], ["/shared/jobs", "/shared/checkpoints"]]
     for facts in parts:
-        assert facts["shared_storage_join_part"] == {"mounts": [], "files": [], "services": []}
+        part = {k: v for k, v in facts["shared_storage_join_part"].items() if k != "user_directories"}
+        assert part == {"mounts": [], "files": [], "services": []}
         assert facts["shared_storage_lustre_mounts"] == []
 
 

@@ -24,6 +24,8 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 def directory_in(root: Path, inside: str, create: bool = True) -> Iterator[int]:
     """A descriptor of the directory at `inside` (absolute, as the node sees it) under `root`,
     made 0755 where missing when `create`."""
+    if create:
+        root.mkdir(parents=True, exist_ok=True)  # the host's own path (the node's root mount point)
     fd = os.open(root, _DIRECTORY)
     try:
         for part in PurePosixPath(inside).parts[1:]:

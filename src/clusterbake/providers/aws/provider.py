@@ -413,7 +413,7 @@ class AwsProvider(Provider):
             return changes
         running = discover.by_name(discover.cluster_instances(self.client, cluster, states=("running",)), warn=False)
         names = [n.name for n in self.nodes if n.nodegroup in refresh and n.name in running]
-        endpoints = {n: self._endpoint_to(n, running[n]) for n in names}
+        endpoints = {n: self._pinned_endpoint(n, running[n]) for n in names}
         results = remote.run_many(endpoints, "clusterbake-node-boot fetch", timeout=300, check=False)
         for name, result in sorted(results.items()):
             if isinstance(result, Exception) or result.returncode != 0:
@@ -436,7 +436,7 @@ class AwsProvider(Provider):
         if not head.get("PrivateIpAddress"):
             raise ClusterbakeError("the head has no instance (or no address yet); `clusterbake cluster up` launches it")
         common.wait_ssh(
-            self._endpoint_to("head", head),
+            self._pinned_endpoint("head", head),
             timeout,
             "check aws.ssh_cidrs / aws.bastion and the instances' system logs (EC2 console output)",
         )
@@ -753,12 +753,15 @@ class AwsProvider(Provider):
         instance = self._instance(node)
         if instance is None or not instance.get("PrivateIpAddress"):
             raise ClusterbakeError(f"node {node} has no running instance; `clusterbake cluster up` launches it")
-        return self._endpoint_to(node, instance)
+        return self._pinned_endpoint(node, instance)
 
-    def _endpoint_to(self, node: str, instance: dict) -> Endpoint:
-        address = instance["PrivateIpAddress"]
-        self._pin_host_keys(node, address, instance["InstanceId"])
+    def _endpoint_to(self, node: str, address: str) -> Endpoint:
         return common.endpoint(self.cluster, node, address, self.aws.ssh_user, self.aws.bastion)
+
+    def _pinned_endpoint(self, node: str, instance: dict) -> Endpoint:
+        """The node's endpoint, its host keys pinned first (_pin_host_keys)."""
+        self._pin_host_keys(node, instance["PrivateIpAddress"], instance["InstanceId"])
+        return self._endpoint_to(node, instance["PrivateIpAddress"])
 
     def _pin_host_keys(self, node: str, address: str, instance_id: str, timeout: float = HOST_KEYS_TIMEOUT) -> None:
         """The node's SSH host keys into known_hosts from its console output (EC2's API: the boot
