@@ -9,6 +9,9 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
+
+import yaml
 
 SETUP = """
 import argparse, json, os, sys, tempfile
@@ -43,8 +46,10 @@ def _set_up_a_twin_account() -> dict:
 
 def test_a_second_twin_set_up_does_not_recompute_the_administrator_key_or_instance_credentials():
     first, second = _set_up_a_twin_account(), _set_up_a_twin_account()
-    # What a config file names stays the same from start to start...
+    # What a config file names stays the same from start to start (examples/aws-twin.yaml's ids)...
+    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "aws-twin.yaml").read_text())["aws"]
     assert (first["vpc_id"], first["subnet_id"]) == (second["vpc_id"], second["subnet_id"])
+    assert (first["vpc_id"], first["subnet_id"]) == (example["vpc_id"], example["subnet_id"])
     # ...what grants access does not.
     assert first["secret_access_key"] != second["secret_access_key"]
     assert first["access_key_id"] != second["access_key_id"]

@@ -167,14 +167,13 @@ def node_init_pid(machine: str, what: str) -> int:
 
 
 def twin_environment(cloud: str = "aws") -> dict[str, str]:
-    """`clusterbake twin up <cloud>`'s export lines, applied to a copy of this environment."""
+    """`clusterbake twin up <cloud>`'s export lines, evaluated by bash as `eval "$(...)"` does (a
+    secret's line reads its 0600 file), applied to a copy of this environment."""
     result = run([*CB, "twin", "up", cloud], timeout=2400)
-    env = dict(os.environ)
     for line in result.stdout.splitlines():
         assert line.startswith("export "), f"unexpected output of twin up: {line!r}"
-        key, _, value = line[len("export ") :].partition("=")
-        env[key] = value
-    return env
+    dumped = run(["bash", "-c", 'eval "$1" && env -0', "sh", result.stdout], env=dict(os.environ)).stdout
+    return dict(item.split("=", 1) for item in dumped.split("\0") if "=" in item)
 
 
 def host_leftovers() -> list[str]:

@@ -114,6 +114,17 @@ class Twin:
         url = f"http://{self.args.address}:{self.args.port}"
         iam = session.client("iam", region_name=self.region, endpoint_url=url)
         ec2 = session.client("ec2", region_name=self.region, endpoint_url=url)
+        # The seeded draws in the order they always had (the administrator first), so that the ids
+        # below stay what configs name; this key is replaced by an unpredictable one further down.
+        iam.create_user(UserName=ADMIN_USER)
+        iam.put_user_policy(
+            UserName=ADMIN_USER,
+            PolicyName="administrator",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            ),
+        )
+        seeded = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]["AccessKeyId"]
         vpc = ec2.create_vpc(
             CidrBlock=self.args.vpc_cidr,
             TagSpecifications=[{"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "clusterbake-twin"}]}],
@@ -150,15 +161,8 @@ class Twin:
         # (the administrator's, the instances' role sessions) from the system's CSPRNG: a key
         # drawn after a public seed is one anybody recomputes.
         unpredictable_moto_random()
-        iam.create_user(UserName=ADMIN_USER)
-        iam.put_user_policy(
-            UserName=ADMIN_USER,
-            PolicyName="administrator",
-            PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-            ),
-        )
         key = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]
+        iam.delete_access_key(UserName=ADMIN_USER, AccessKeyId=seeded)  # anybody could recompute that one
         settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on, every request is signed and authorized
         log(
             f"account ready: vpc {vpc}, subnet {subnet}, images {amis}, bucket {CHECKPOINT_BUCKET}; "
