@@ -104,10 +104,13 @@ def nspawn_argv(
     init_args: list[str] | None = None,
     network_admin: bool = True,
     raw_sockets: bool = True,
+    console: str = "pipe",
 ) -> list[str]:
     """`network_admin`: CAP_NET_ADMIN in the node's own network namespace; `raw_sockets`: keep
     nspawn's CAP_NET_RAW. Without both a node's root cannot impersonate another address on its
-    bridge (ARP), where the local provider's power agent takes a bearer token over HTTP."""
+    bridge (ARP), where the local provider's power agent takes a bearer token over HTTP.
+    `console`: nspawn's --console; `read-only` gives the node a /dev/console (a pty) whose output
+    nspawn copies to the console log, as a VM's serial console (the twins)."""
     argv = [
         NSPAWN,
         "--quiet",
@@ -116,7 +119,7 @@ def nspawn_argv(
         f"--machine={machine}",
         f"--hostname={hostname}",
         f"--directory={root}",
-        "--console=pipe",
+        f"--console={console}",
         "--resolv-conf=off",
         "--timezone=off",
         "--link-journal=no",

@@ -122,6 +122,9 @@ class TwinNodes:
             {STORAGE_INSIDE: self.storage, **spec.binds},
             readonly_binds={**helpers, **spec.readonly_binds, SLURMD_DROP_IN: drop_in},
             uuid=spec.uuid,
+            # A serial console as a VM has (what its boot prints, the host keys among it): the console
+            # log is what GetConsoleOutput returns.
+            console="read-only",
         )
         machines.spawn(argv, self.machine(spec.key), paths.console_log)
         self.log(f"node {spec.key} started at {spec.address}")
