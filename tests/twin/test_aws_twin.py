@@ -255,20 +255,25 @@ def test_a_container_on_a_node_gets_nothing_from_the_metadata_service(twin):
         "set -e; ip netns add cbsec; ip link add cbsec0 type veth peer name cbsec1; ip link set cbsec1 netns cbsec;"
         " ip addr add 10.251.0.1/30 dev cbsec0; ip link set cbsec0 up;"
         " ip -n cbsec addr add 10.251.0.2/30 dev cbsec1; ip -n cbsec link set cbsec1 up; ip -n cbsec link set lo up;"
-        " ip -n cbsec route add default via 10.251.0.1; sysctl -qw net.ipv4.ip_forward=1;"
+        " ip -n cbsec route add default via 10.251.0.1;"
         " nft add table ip cbsecnat; nft 'add chain ip cbsecnat post { type nat hook postrouting priority srcnat; }';"
         " nft add rule ip cbsecnat post ip saddr 10.251.0.0/30 masquerade"
     )
     dropped = "nft list chain inet clusterbake_imds forward | grep -o 'packets [0-9]*' | head -1 | cut -d' ' -f2"
+    # Forwarding on, as the node's root would (nspawn keeps /proc/sys read-only inside: from the host,
+    # in the node's network namespace).
+    node_netns = f"cb-twin-aws-{twin.instance('cpu-1')['InstanceId']}"
+    forwarding = ["ip", "netns", "exec", node_netns, "sysctl", "-qw"]
     try:
+        run([*forwarding, "net.ipv4.ip_forward=1"])
         twin.on("cpu-1", setup)
         before = int(twin.on("cpu-1", dropped).stdout)
         answer = twin.on("cpu-1", f"ip netns exec cbsec python3 -c {shlex.quote(IMDS_TOKEN)}").stdout.strip()
         assert answer.startswith("refused:"), answer
         assert int(twin.on("cpu-1", dropped).stdout) > before  # dropped by the guard, not only by the TTL
     finally:
-        twin.on("cpu-1", "ip netns del cbsec; nft delete table ip cbsecnat; sysctl -qw net.ipv4.ip_forward=0",
-                check=False)  # fmt: skip
+        twin.on("cpu-1", "ip netns del cbsec; nft delete table ip cbsecnat", check=False)
+        run([*forwarding, "net.ipv4.ip_forward=0"], check=False)
 
 
 def test_cluster_instances_pin_the_metadata_hop_limit_to_one(twin):

@@ -531,6 +531,13 @@ def delete_head_role(iam, cluster: str) -> list[str]:
     return _delete_role(iam, cluster, head_role_name(cluster))
 
 
+def revoke_head_policy(iam, cluster: str) -> bool:
+    """Remove the head role's policy (the role stays until delete_head_role): True when it was there."""
+    if "role" not in find(iam, cluster, head_role_name(cluster)):
+        return False
+    return _ignore_missing(iam.delete_role_policy, RoleName=head_role_name(cluster), PolicyName=HEAD_POLICY_NAME)
+
+
 def delete_jobs_role(iam, cluster: str) -> list[str]:
     """Remove the cluster's jobs role, as delete_node_role."""
     return _delete_role(iam, cluster, jobs_role_name(cluster))

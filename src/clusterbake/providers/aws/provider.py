@@ -27,6 +27,8 @@ from clusterbake.remote import Endpoint
 from clusterbake.state import StateDir
 
 SSH_READY_TIMEOUT = 600.0
+# `cluster down`: terminate, then look again (a node the head launched meanwhile), this many times.
+DESTROY_ROUNDS = 3
 # How long a new instance may take to print its host keys on its console (EC2 publishes the
 # console output of Nitro instances at once with Latest=True), and how often it is read.
 HOST_KEYS_TIMEOUT = 600.0
@@ -559,15 +561,22 @@ class AwsProvider(Provider):
         """Terminate every tagged instance (and wait), then the templates, placement groups, group."""
         cluster = self.config.cluster_name
         removed: list[str] = []
-        instances = discover.cluster_instances(self.client, cluster, states=discover.NOT_GONE)
-        if instances:
+        # The head's power program launches nodes (lost static ones, elastic ones for jobs): its role
+        # loses that first, or a node it launches while the cluster goes outlives the cluster.
+        if iam.revoke_head_policy(self.api("iam"), cluster):
+            say("    the head may launch nothing more (its role's policy removed)")
+        described: list[str] = []
+        for _ in range(DESTROY_ROUNDS):  # again for any the head launched before its policy went
+            instances = discover.cluster_instances(self.client, cluster, states=discover.NOT_GONE)
+            if not instances:
+                break
             ids = [i["InstanceId"] for i in instances]
             say(f"    terminating {len(ids)} instance(s)")
             for start in range(0, len(ids), BATCH):
                 call(self.client.terminate_instances, InstanceIds=ids[start : start + BATCH])
             wait_for_state(self.client, ids, "terminated")
-            described = sorted(f"instance {discover.name_of(i) or '?'} ({i['InstanceId']})" for i in instances)
-            removed += described if len(described) <= LIST_LIMIT else [f"{len(described)} instances"]
+            described += sorted(f"instance {discover.name_of(i) or '?'} ({i['InstanceId']})" for i in instances)
+        removed += described if len(described) <= LIST_LIMIT else [f"{len(described)} instances"]
         groups = resources.find_security_groups(self.client, cluster)
         # File systems first: their mount targets hold on to the security group.
         removed += storage.delete_file_systems(
