@@ -15,12 +15,18 @@ from clusterbake.nspawn import machines, rootfs
 BUNDLE = "/etc/clusterbake/node-join.json"
 
 
-def test_a_link_in_place_of_the_bundle_is_replaced_not_written_through(tmp_path):
-    host_file = tmp_path / "host-shadow"
-    host_file.write_text("root:secret:\n")
+def node_with_a_link(tmp_path, inside: str, text: str):
+    """(node root, host file): the node's `inside` is a link to a host file holding `text`."""
+    host_file = tmp_path / "host-file"
+    host_file.write_text(text)
     root = tmp_path / "node"
-    (root / "etc/clusterbake").mkdir(parents=True)
-    (root / "etc/clusterbake/node-join.json").symlink_to(host_file)
+    (root / inside.lstrip("/")).parent.mkdir(parents=True)
+    (root / inside.lstrip("/")).symlink_to(host_file)
+    return root, host_file
+
+
+def test_a_link_in_place_of_the_bundle_is_replaced_not_written_through(tmp_path):
+    root, host_file = node_with_a_link(tmp_path, BUNDLE, "root:secret:\n")
     assert rootfs.write_in_root(root, BUNDLE, b'{"munge": "key"}', 0o600)
     assert host_file.read_text() == "root:secret:\n"
     bundle = root / "etc/clusterbake/node-join.json"
@@ -42,11 +48,7 @@ def test_a_link_in_place_of_a_directory_on_the_way_is_refused(tmp_path, planted)
 
 
 def test_removing_the_notice_removes_a_link_never_its_target(tmp_path):
-    target = tmp_path / "host-file"
-    target.write_text("keep\n")
-    root = tmp_path / "node"
-    (root / "var/lib/clusterbake").mkdir(parents=True)
-    (root / "var/lib/clusterbake/notice.json").symlink_to(target)
+    root, target = node_with_a_link(tmp_path, "/var/lib/clusterbake/notice.json", "keep\n")
     rootfs.remove_in_root(root, "/var/lib/clusterbake/notice.json")
     assert target.read_text() == "keep\n" and not (root / "var/lib/clusterbake/notice.json").exists()
     rootfs.remove_in_root(root, "/var/lib/clusterbake/notice.json")  # gone already: nothing to do

@@ -20,8 +20,7 @@ from clusterbake.errors import ClusterbakeError
 from clusterbake.images.store import CLOUD_BOOT_GROUPS
 from clusterbake.nspawn import machines, network
 from clusterbake.progress import phase
-from clusterbake.state import StateDir
-from clusterbake.twins.runtime import write_private
+from clusterbake.state import StateDir, open_private
 
 
 def shell_exports(env: dict[str, str], secret_keys: tuple[str, ...], directory: Path) -> list[str]:
@@ -31,7 +30,8 @@ def shell_exports(env: dict[str, str], secret_keys: tuple[str, ...], directory: 
     for key, value in env.items():
         if key in secret_keys:
             path = directory / key.lower()
-            write_private(path, value)
+            with open_private(path) as secret:
+                secret.write(value)
             lines.append(f'export {key}="$(cat {shlex.quote(str(path))})"')
         else:
             lines.append(f"export {key}={shlex.quote(value)}")

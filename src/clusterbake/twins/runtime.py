@@ -47,13 +47,6 @@ def in_netns(name: str, function):
         os.close(target)
 
 
-def write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    os.fchmod(fd, 0o600)  # a file that was there keeps its mode through O_CREAT
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-
-
 def serve_control(path: Path, dispatch: Dispatch) -> None:
     """A root-only Unix socket speaking HTTP with JSON bodies; each request goes to dispatch."""
 

@@ -42,7 +42,8 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from clusterbake.twins.runtime import in_netns, iso, keep_reconciling, log, serve_control, write_private
+from clusterbake.state import open_private
+from clusterbake.twins.runtime import in_netns, iso, keep_reconciling, log, serve_control
 
 ACCOUNT = "123456789012"
 SEED = 20261201
@@ -543,12 +544,12 @@ def main(argv: list[str] | None = None) -> int:
         twin.start_moto()
         account = twin.setup_account()
         twin.vpc_id = account["vpc_id"]
-        write_private(
-            root / "credentials",
-            "# The EC2 twin's administrator key: accepted by the twin only.\n"
-            f"[clusterbake-twin]\naws_access_key_id = {account['access_key_id']}\n"
-            f"aws_secret_access_key = {account['secret_access_key']}\n",
-        )
+        with open_private(root / "credentials") as credentials:
+            credentials.write(
+                "# The EC2 twin's administrator key: accepted by the twin only.\n"
+                f"[clusterbake-twin]\naws_access_key_id = {account['access_key_id']}\n"
+                f"aws_secret_access_key = {account['secret_access_key']}\n"
+            )
         twin.start_imds()
         twin.serve_control(root / "control.sock")
         info = {
