@@ -2,6 +2,9 @@ from pathlib import Path
 
 import pytest
 
+# The shared helpers assert too: rewritten like test modules, their failures show the values they saw.
+pytest.register_assert_rewrite("azuretwintest", "clitest", "imagetest", "nodeshell", "programs", "twintest")
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -123,8 +123,14 @@ def test_a_job_powers_both_nodes_up_through_the_heads_resume_program(azure, elas
         assert "joined from secret join-cpu in https://" in fetch, fetch[-2000:]
     wait_done(elastic, job)
     assert sorted(head(elastic, "cat /shared/up.out").stdout.split()) == list(NODES)
-    log = head(elastic, POWER_LOG).stdout
-    assert re.search(rf"resume cpu-1: {CLUSTER}-cpu-1 {SIZES[0]} at ", log), log
+    # Logged once ARM's create operation reports done, which under load can come after the job ran.
+    created = rf"resume cpu-1: {CLUSTER}-cpu-1 {SIZES[0]} at "
+    wait_for(
+        "the resume program's log of cpu-1's VM",
+        lambda: power_log_with(elastic, created),
+        timeout=90,
+        describe=lambda: head(elastic, f"{POWER_LOG}; journalctl -u slurmctld --no-pager | tail -40").stdout,
+    )
 
 
 def test_idle_nodes_are_deleted_after_idle_time(azure, elastic):

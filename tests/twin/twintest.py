@@ -264,7 +264,13 @@ def submit_where_no_capacity_is(cluster: Twin, cloud: str, error_pattern: str) -
         timeout=90,
     )
     assert reason
-    assert "JobState=PENDING" in cluster.on("head", f"scontrol show job {job}").stdout  # requeued, not lost
+    # Requeued, not lost: slurmctld requeues the job once it has handled the node going down, which
+    # under load comes after the reason shows (REQUEUED, then PENDING).
+    wait_for(
+        f"job {job} requeued",
+        lambda: "JobState=PENDING" in cluster.on("head", f"scontrol show job {job}").stdout,
+        timeout=60,
+    )
     return job
 
 
