@@ -13,7 +13,7 @@ STAMP_VENV := $(VENV)/.installed
 PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot roles/slurm_power/files/clusterbake-power roles/slurm_accounting/files/clusterbake-slurm-accounts roles/slurm_accounting/files/clusterbake-tcp-quickack roles/slurm_exporter/files/clusterbake-slurm-exporter roles/notice_agent/files/clusterbake-notice-agent roles/node_health/files/clusterbake-health roles/training_env/files/clusterbake-job-credentials
 
 .DEFAULT_GOAL := help
-.PHONY: help deps venv validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench
+.PHONY: help deps venv lock validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,11 +25,20 @@ deps: ## Install the host packages (apt) the local provider needs
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
 
+# Every distribution, setuptools included, checked against the lock's hashes (pip is the one
+# Python brought); then the project itself, with nothing more fetched.
 $(STAMP_VENV): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c requirements.lock -e '.[dev]'
+	$(VENV)/bin/pip install -q --require-hashes -r requirements.lock
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
+
+lock: venv ## Regenerate requirements.lock with hashes; keeps the venv's versions unless UPGRADE=1
+	test -x build/pip-tools/bin/pip-compile || { $(PYTHON) -m venv build/pip-tools && build/pip-tools/bin/pip install -q pip-tools; }
+	$(VENV)/bin/pip freeze --exclude-editable > build/venv-freeze.txt
+	build/pip-tools/bin/pip-compile -q --generate-hashes --extra dev --strip-extras --allow-unsafe \
+	  --build-deps-for editable --no-emit-index-url --no-emit-find-links \
+	  $(if $(UPGRADE),--upgrade,--constraint build/venv-freeze.txt) --output-file requirements.lock pyproject.toml
 
 venv: $(STAMP_VENV) ## Create the Python venv with pinned dependencies
 
