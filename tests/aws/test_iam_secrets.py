@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import json
 
+import boto3
 import botocore.session
 import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
+from conftest import moto_server
 
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.providers.aws import api, iam, secrets
@@ -87,13 +89,16 @@ def test_policy_allows_only_this_clusters_secrets(moto):
     iam.ensure_node_role(client, sts, "pol", REGION, kms_key_arn=key, s3_buckets=["pol-data", "pol-ckpt"])
     statements = _statements(client, "pol")
     by_sid = {s["Sid"]: s for s in statements}
-    assert set(by_sid) == {"JoinBundles", "JoinBundleKey", "DataBuckets", "DataObjects"}
+    assert set(by_sid) == {"JoinBundles", "JoinBundleMetadata", "JoinBundleKey", "DataBuckets", "DataObjects"}
     assert all(s["Effect"] == "Allow" and "NotAction" not in s and "NotResource" not in s for s in statements)
 
     secrets_statement = by_sid["JoinBundles"]
-    assert sorted(secrets_statement["Action"]) == ["secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue"]
+    assert secrets_statement["Action"] == "secretsmanager:GetSecretValue"
     assert secrets_statement["Resource"] == f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:clusterbake/pol/*"
-    assert "Condition" not in secrets_statement
+    # The current version only (Secrets Manager's condition key for the stage a request names).
+    assert secrets_statement["Condition"] == {"StringEquals": {"secretsmanager:VersionStage": "AWSCURRENT"}}
+    assert by_sid["JoinBundleMetadata"]["Action"] == "secretsmanager:DescribeSecret"
+    assert by_sid["JoinBundleMetadata"]["Resource"] == secrets_statement["Resource"]
 
     assert by_sid["JoinBundleKey"]["Action"] == "kms:Decrypt"
     assert by_sid["JoinBundleKey"]["Resource"] == key
@@ -118,9 +123,9 @@ def test_policy_allows_only_this_clusters_secrets(moto):
         resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
         assert "*" not in resources
 
-    # Without a key and buckets: the secrets statement alone.
+    # Without a key and buckets: the secrets statements alone.
     iam.ensure_node_role(client, sts, "pol", REGION)
-    assert [s["Sid"] for s in _statements(client, "pol")] == ["JoinBundles"]
+    assert [s["Sid"] for s in _statements(client, "pol")] == ["JoinBundles", "JoinBundleMetadata"]
     iam.delete_node_role(client, "pol")
 
 
@@ -308,6 +313,80 @@ def test_publish_writes_a_version_only_when_the_value_changes(moto):
     assert len(_versions(sm, name)) == 4
     assert secrets.publish(sm, "pub", "cpu", '{"munge": "C"}') is False
     secrets.delete_all(sm, "pub")
+
+
+def test_a_replaced_bundle_keeps_no_stage(moto):
+    """After a publish only the new bundle has a stage: no AWSPREVIOUS holding the old munge key."""
+    sm = moto.client("secretsmanager")
+    name = "clusterbake/stage/join/cpu"
+    secrets.ensure_secret(sm, "stage", "cpu")
+    secrets.publish(sm, "stage", "cpu", '{"munge": "old"}')
+    secrets.publish(sm, "stage", "cpu", '{"munge": "new"}')
+    stages = {v["VersionId"]: v.get("VersionStages", []) for v in _versions(sm, name)}
+    current = sm.get_secret_value(SecretId=name, VersionStage="AWSCURRENT")["VersionId"]
+    assert {version: s for version, s in stages.items() if s} == {current: ["AWSCURRENT"]}
+    with pytest.raises(ClientError) as raised:
+        sm.get_secret_value(SecretId=name, VersionStage="AWSPREVIOUS")
+    assert raised.value.response["Error"]["Code"] == "ResourceNotFoundException"
+    secrets.delete_all(sm, "stage")
+
+
+def test_the_node_policy_reads_only_the_current_bundle(tmp_path_factory):
+    """The node policy as iam.node_policy writes it, evaluated by the EC2 twin's IAM (moto's, with
+    the twin's conditions) with authorization on: the current version with its stage named, nothing
+    else, not an old version by id nor the stage a request leaves out."""
+    with moto_server(tmp_path_factory.mktemp("moto-auth"), INITIAL_NO_AUTH_ACTION_COUNT="3") as server:
+        admin_iam = server.client("iam")
+        # The three requests before authorization starts: an administrator and its key.
+        admin_iam.create_user(UserName="admin")
+        admin_iam.put_user_policy(
+            UserName="admin",
+            PolicyName="all",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            ),
+        )
+        key = admin_iam.create_access_key(UserName="admin")["AccessKey"]
+        admin = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+
+        def client(service: str, **credentials):
+            return boto3.client(service, region_name=REGION, endpoint_url=server.url, **credentials)
+
+        sm = client("secretsmanager", **admin)
+        name = "clusterbake/reader/join/cpu"
+        secrets.ensure_secret(sm, "reader", "cpu")
+        secrets.publish(sm, "reader", "cpu", '{"munge": "old"}')
+        old = sm.get_secret_value(SecretId=name, VersionStage="AWSCURRENT")["VersionId"]
+        secrets.publish(sm, "reader", "cpu", '{"munge": "new"}')
+        # A role with the node policy, assumable here by the administrator (the node role trusts EC2 only).
+        trust = {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/admin"}, "Action": "sts:AssumeRole"}
+        ]}  # fmt: skip
+        roles = client("iam", **admin)
+        roles.create_role(RoleName="node-policy", AssumeRolePolicyDocument=json.dumps(trust))
+        roles.put_role_policy(
+            RoleName="node-policy",
+            PolicyName="node",
+            PolicyDocument=json.dumps(iam.node_policy("reader", REGION, ACCOUNT)),
+        )
+        session = client("sts", **admin).assume_role(
+            RoleArn=f"arn:aws:iam::{ACCOUNT}:role/node-policy", RoleSessionName="node"
+        )["Credentials"]
+        node = client(
+            "secretsmanager",
+            aws_access_key_id=session["AccessKeyId"],
+            aws_secret_access_key=session["SecretAccessKey"],
+            aws_session_token=session["SessionToken"],
+        )
+        assert node.get_secret_value(SecretId=name, VersionStage="AWSCURRENT")["SecretString"] == '{"munge": "new"}'
+        for refused in ({"VersionId": old}, {}, {"VersionStage": "AWSPREVIOUS"}):
+            with pytest.raises(ClientError) as raised:
+                node.get_secret_value(SecretId=name, **refused)
+            # moto answers a JSON service's denial in IAM's XML (AWS: AccessDeniedException): 403 and AccessDenied.
+            answer = raised.value.response
+            assert answer["ResponseMetadata"]["HTTPStatusCode"] == 403, refused
+            assert "<Code>AccessDenied</Code>" in answer["Error"]["Message"], refused
+        node.describe_secret(SecretId=name)  # metadata: allowed
 
 
 def test_values_are_never_printed(moto, capsys):

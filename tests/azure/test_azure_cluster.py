@@ -210,6 +210,21 @@ def test_after_configure_publishes_the_bundle_the_nodes_can_read(twin, ndv5, mon
         node.set_secret("join-gpu", "x")
     assert info.value.status_code == 403 and "does not have secrets set permission" in str(info.value)
 
+    # A new bundle (say, a rotated munge key): the replaced version is disabled, unreadable by its id.
+    old = node.get_secret("join-gpu").properties.version
+    (join / "gpu.json").write_text('{"files": [{"path": "/etc/munge/munge.key"}], "users": []}')
+    assert provider.after_configure() == [
+        "gpu: join bundle published (running VMs take it at their next boot)",
+        "gpu: 1 replaced join bundle version(s) disabled",
+    ]
+    assert node.get_secret("join-gpu").value.startswith('{"files": [{"path"')
+    with pytest.raises(HttpResponseError) as info:
+        node.get_secret("join-gpu", old)
+    assert info.value.status_code == 403 and "not allowed on a disabled secret" in str(info.value)
+    versions = twin.state()["secrets"][vault["name"]]["join-gpu"]
+    assert [v["attributes"]["enabled"] for v in versions] == [False, True]
+    assert provider.after_configure() == []  # nothing left to disable, nothing written
+
 
 def test_inventory_has_the_shared_shape(twin, ndv5):
     result = inventory(twin, ndv5["state_dir"], ndv5["path"])

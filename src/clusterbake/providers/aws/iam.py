@@ -6,7 +6,9 @@ by tag: ListRoles does not even return tags). The role:
 
 - trusts `ec2.amazonaws.com` (`sts:AssumeRole`), nothing else;
 - has one inline policy, `clusterbake-node`, that allows only
-  - `secretsmanager:GetSecretValue` and `secretsmanager:DescribeSecret` on
+  - `secretsmanager:GetSecretValue` of the AWSCURRENT version only (condition
+    `secretsmanager:VersionStage`: the boot program names the stage; a version a publish
+    replaced is unreadable) and `secretsmanager:DescribeSecret` on
     `arn:<partition>:secretsmanager:<region>:<account>:secret:clusterbake/<cluster>/*`
     (the join bundles of this cluster, see secrets.py; the `*` also covers the six
     random characters Secrets Manager appends to a secret's ARN);
@@ -144,11 +146,19 @@ def node_policy(
     """The inline policy document of the node role (see the module docstring)."""
     statements: list[dict] = [
         {
+            # The current bundle only: a version it replaced (an older munge key) stays unreadable.
             "Sid": "JoinBundles",
             "Effect": "Allow",
-            "Action": ["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"],
+            "Action": "secretsmanager:GetSecretValue",
             "Resource": secrets_arn_prefix(cluster, region, account),
-        }
+            "Condition": {"StringEquals": {"secretsmanager:VersionStage": "AWSCURRENT"}},
+        },
+        {
+            "Sid": "JoinBundleMetadata",
+            "Effect": "Allow",
+            "Action": "secretsmanager:DescribeSecret",
+            "Resource": secrets_arn_prefix(cluster, region, account),
+        },
     ]
     if kms_key_arn:
         statements.append(_kms_statement(kms_key_arn, region))

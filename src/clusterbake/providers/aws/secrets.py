@@ -113,7 +113,8 @@ def version_token(value: str, replaces: str | None) -> str:
 
 
 def publish(sm, cluster: str, nodegroup: str, value: str) -> bool:
-    """Make `value` the AWSCURRENT value of the node group's secret; True when it changed.
+    """Make `value` the AWSCURRENT value of the node group's secret, and the version it
+    replaces unlabelled (not AWSPREVIOUS); True when it changed.
 
     The secret must exist (ensure_secret). The same value again: no call that writes,
     no new version, False.
@@ -126,6 +127,10 @@ def publish(sm, cluster: str, nodegroup: str, value: str) -> bool:
     if current == value:
         return False
     call(sm.put_secret_value, SecretId=name, SecretString=value, ClientRequestToken=version_token(value, version))
+    if version is not None:
+        # The replaced bundle (an old munge key) keeps no label: nodes may read only AWSCURRENT
+        # (iam.node_policy), and Secrets Manager deletes unlabelled versions in time.
+        call(sm.update_secret_version_stage, SecretId=name, VersionStage="AWSPREVIOUS", RemoveFromVersionId=version)
     return True
 
 

@@ -61,6 +61,17 @@ DELETE_ORDER = (
 )
 
 
+def disable_replaced_versions(client, name: str, keep: str) -> int:
+    """Disable every enabled version of secret `name` but `keep` (the current one): Key Vault keeps
+    each version readable until then, and an old join bundle holds an old munge key. Returns how many."""
+    disabled = 0
+    for version in client.list_properties_of_secret_versions(name):
+        if version.version != keep and version.enabled:
+            client.update_secret_properties(name, version.version, enabled=False)
+            disabled += 1
+    return disabled
+
+
 class AzureProvider(Provider):
     # Tags, not the state file, say what exists: a failed group rolls its own VMs back, the
     # rest stays for the next try; `cluster down` removes it.
@@ -615,13 +626,16 @@ class AzureProvider(Provider):
             value = path.read_text()
             name = resources.secret_name(group.name)
             current = get_or_none(client.get_secret, name)
-            if current is not None and current.value == value:
-                continue
-            client.set_secret(
-                name, value, content_type="application/json", tags=tags.cluster_tags(self.config.cluster_name)
-            )
-            say(f"    join bundle of {group.name} published ({vault.properties.vault_uri}secrets/{name})")
-            changes.append(f"{group.name}: join bundle published (running VMs take it at their next boot)")
+            if current is None or current.value != value:
+                current = client.set_secret(
+                    name, value, content_type="application/json", tags=tags.cluster_tags(self.config.cluster_name)
+                )
+                say(f"    join bundle of {group.name} published ({vault.properties.vault_uri}secrets/{name})")
+                changes.append(f"{group.name}: join bundle published (running VMs take it at their next boot)")
+            # Also when nothing changed: a run stopped between the two calls left one enabled.
+            disabled = disable_replaced_versions(client, name, current.properties.version)
+            if disabled:
+                changes.append(f"{group.name}: {disabled} replaced join bundle version(s) disabled")
         return changes
 
     @azure_errors

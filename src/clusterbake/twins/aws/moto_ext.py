@@ -42,7 +42,8 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   ec2:InstanceType (on the instance resource: the request's type, else the template's),
   ec2:ResourceTag/<key> (TerminateInstances and CreateTags: the instance's tags). A key the
   request does not have fails its condition, as on AWS (IfExists: holds); an operator not
-  listed denies.
+  listed denies. Secrets Manager calls likewise, with the key secretsmanager:VersionStage
+  (the stage the request names; a request that names none, or only a VersionId, has none).
 - IAM resources of Secrets Manager calls: with IAM authorization on, moto checks every
   Secrets Manager call against resource `*`, so a policy that names secret ARNs (the
   only kind clusterbake writes) would deny everything. The resource is the secret's
@@ -335,23 +336,26 @@ class _PassRoleRequest(IAMRequest):
 
 
 def authorize_ec2(self: EC2Response, resource: str = "*") -> None:
-    _EC2_CALL.response = self
+    _CALL.response = self
     try:
         for each in _ec2_resources(self):
             self._authenticate_and_authorize_action(_ConditionedRequest, each)
     finally:
-        _EC2_CALL.response = None
+        _CALL.response = None
     role = _passed_role(self)
     if role:
         self._authenticate_and_authorize_action(_PassRoleRequest, role)
 
 
-_EC2_CALL = threading.local()  # the EC2 call being authorized (its request gives the conditions' keys)
+_CALL = threading.local()  # the EC2 or Secrets Manager call being authorized (its request gives the conditions' keys)
 
 
-def _condition_context(response: EC2Response, resource: str) -> dict[str, list[str]]:
-    """The condition keys of one resource of an EC2 call, as AWS sets them."""
+def _condition_context(response: EC2Response | SecretsManagerResponse, resource: str) -> dict[str, list[str]]:
+    """The condition keys of one resource of an EC2 or Secrets Manager call, as AWS sets them."""
     context: dict[str, list[str]] = {}
+    if isinstance(response, SecretsManagerResponse):
+        stage = response._get_param("VersionStage")  # the stage the request names; none when it names none
+        return {"secretsmanager:VersionStage": [stage]} if stage else context
     kind_and_id = resource.rsplit(":", 1)[-1]
     if response._get_action() == "RunInstances":
         template_ref = response._get_param("LaunchTemplate", {}) or {}
@@ -406,11 +410,11 @@ def _statement_applies(statement: dict, action: str, resource: str, context: dic
 
 
 class _ConditionedRequest(IAMRequest):
-    """An EC2 resource's IAM check, then its policies again with their conditions."""
+    """An EC2 or Secrets Manager resource's IAM check, then its policies again with their conditions."""
 
     def check_action_permitted(self, resource: str) -> None:
         super().check_action_permitted(resource)
-        context = _condition_context(_EC2_CALL.response, resource)
+        context = _condition_context(_CALL.response, resource)
         allowed = False
         for policy in self._access_key.collect_policies():
             document = IAMPolicy(policy)._policy_json
@@ -422,6 +426,14 @@ class _ConditionedRequest(IAMRequest):
                     allowed = True
         if not allowed:
             self._raise_access_denied()
+
+
+def authorize_secrets(self: SecretsManagerResponse, resource: str = "*") -> None:
+    _CALL.response = self
+    try:
+        self._authenticate_and_authorize_action(_ConditionedRequest, resource)
+    finally:
+        _CALL.response = None
 
 
 def _secret_resource(self: SecretsManagerResponse) -> str:
@@ -495,6 +507,7 @@ def install() -> None:
     EC2Response.get_console_output = get_console_output
     EC2Response._authenticate_and_authorize_normal_action = authorize_ec2
     SecretsManagerResponse._determine_resource = _secret_resource
+    SecretsManagerResponse._authenticate_and_authorize_normal_action = authorize_secrets
     IAMRequestBase._create_aws_request = create_aws_request
     IAMRequestBase.check_action_permitted = check_action_permitted
     IAMPolicyStatement._check_principal = check_principal

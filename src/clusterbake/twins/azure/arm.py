@@ -24,7 +24,8 @@ Azure's rules are in state.py; this module is the wire protocol:
   clients reach it through the twin's CONNECT proxy (`HTTPS_PROXY`), which only tunnels
   `*.vault.azure.net:443` and terminates TLS with the twin's certificate. Key Vault's
   challenge (401 with `WWW-Authenticate: Bearer authorization=..., resource=...`), then
-  access policies decide; secrets are versioned, delete is soft.
+  access policies decide; secrets are versioned (a version can be listed, disabled with
+  UpdateSecret, and a disabled one is refused with 403 SecretDisabled), delete is soft.
 - **Test switches** (`/_twin/...`, no token needed): `PUT /_twin/capacity`
   `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
   `{"<location>": {"<usage name>": limit}}`, `GET /_twin/state` (everything, for tests),
@@ -628,8 +629,8 @@ class VaultHandler(Handler):
         except ArmError as error:
             raise Reply(401, {"error": {"code": "Unauthorized", "message": error.message}}) from None
         parts = [p for p in path.split("/") if p]
-        permission = {"GET": "get", "PUT": "set", "DELETE": "delete"}.get(self.command, "")
-        if parts and parts[0] == "secrets" and len(parts) == 1:
+        permission = {"GET": "get", "PUT": "set", "PATCH": "set", "DELETE": "delete"}.get(self.command, "")
+        if parts and parts[0] == "secrets" and (len(parts) == 1 or parts[2:] == ["versions"]):
             permission = "list"
         if parts and parts[0] == "deletedsecrets":
             permission = {"GET": "get", "DELETE": "purge"}.get(self.command, "")
@@ -706,13 +707,38 @@ class VaultHandler(Handler):
                         }
                     },
                 )
+            if self.command == "GET" and parts[2:] == ["versions"]:
+                items = [{k: v for k, v in version.items() if k != "value"} for version in versions]
+                raise Reply(200, {"value": items, "nextLink": None})
+            chosen = versions[-1]
+            if len(parts) == 3 and parts[2]:
+                match = [v for v in versions if v["id"].endswith("/" + parts[2])]
+                if not match:
+                    raise Reply(404, {"error": {"code": "SecretNotFound", "message": f"No version {parts[2]}."}})
+                chosen = match[0]
+            if self.command == "PATCH" and len(parts) == 3:
+                # UpdateSecret: attributes (enabled), content type and tags of one version; never its value.
+                chosen["attributes"].update(
+                    {k: v for k, v in (body.get("attributes") or {}).items() if k in ("enabled", "exp", "nbf")}
+                )
+                chosen["attributes"]["updated"] = int(time.time())
+                for key in ("contentType", "tags"):
+                    if key in body:
+                        chosen[key] = body[key]
+                raise Reply(200, {k: v for k, v in chosen.items() if k != "value"})
             if self.command == "GET":
-                if len(parts) == 3 and parts[2]:
-                    match = [v for v in versions if v["id"].endswith("/" + parts[2])]
-                    if not match:
-                        raise Reply(404, {"error": {"code": "SecretNotFound", "message": f"No version {parts[2]}."}})
-                    raise Reply(200, match[0])
-                raise Reply(200, versions[-1])
+                if not chosen["attributes"].get("enabled", True):
+                    raise Reply(
+                        403,
+                        {
+                            "error": {
+                                "code": "Forbidden",
+                                "message": "Operation get is not allowed on a disabled secret.",
+                                "innererror": {"code": "SecretDisabled"},
+                            }
+                        },
+                    )
+                raise Reply(200, chosen)
             if self.command == "DELETE" and len(parts) == 2:
                 store.pop(name.lower())
                 latest = dict(versions[-1])
