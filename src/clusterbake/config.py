@@ -352,16 +352,23 @@ class NodeGroup(NodeSize):
         return self
 
 
+# A Slurm time limit (MaxTime, MaxWall): MINUTES, MM:SS, HH:MM:SS, DAYS-HH, DAYS-HH:MM or DAYS-HH:MM:SS.
+SLURM_TIME_PATTERN = r"^(\d+-)?\d+(:\d{2}){0,2}$"
+
+
 class Partition(Strict):
     name: Name = Field(description="Slurm PartitionName.")
     node_groups: list[Name] = Field(min_length=1, description="Node groups whose nodes the partition holds.")
     default: bool = Field(False, description="The default partition (at most one).")
     max_time: str = Field("INFINITE", description="Slurm MaxTime: INFINITE, MINUTES, HH:MM:SS or D-HH:MM:SS.")
+    max_nodes: int | None = Field(
+        None, ge=1, description="Slurm MaxNodes: the most nodes one job may have here; default: no limit."
+    )
 
     @field_validator("max_time")
     @classmethod
     def _slurm_time(cls, value: str) -> str:
-        if value != "INFINITE" and not re.fullmatch(r"(\d+-)?\d+(:\d{2}){0,2}", value):
+        if value != "INFINITE" and not re.fullmatch(SLURM_TIME_PATTERN, value):
             raise ValueError("use INFINITE, MINUTES, HH:MM:SS or DAYS-HH:MM:SS")
         return value
 
@@ -720,6 +727,20 @@ class Account(Strict):
     fairshare: int = Field(
         1, ge=1, le=1000000, description="Its share of the cluster against the other accounts (sacctmgr Fairshare)."
     )
+    # Limits of the account's association (Slurm enforces them: AccountingStorageEnforce has limits). Unset: none.
+    grp_tres: str | None = Field(
+        None,
+        pattern=r"^[a-z]+(/[a-z0-9_:.-]+)?=\d+(,[a-z]+(/[a-z0-9_:.-]+)?=\d+)*$",
+        description="GrpTRES: what the account's running jobs may hold at once, e.g. node=4,gres/gpu=32 (an "
+        "elastic cluster's spend ceiling).",
+    )
+    max_jobs: int | None = Field(None, ge=0, description="MaxJobs: running jobs per user of the account.")
+    max_submit_jobs: int | None = Field(
+        None, ge=0, description="MaxSubmitJobs: jobs per user of the account running or waiting."
+    )
+    max_wall: str | None = Field(
+        None, pattern=SLURM_TIME_PATTERN, description="MaxWall: the longest time limit a job of the account may have."
+    )
 
 
 class AccountingDatabase(Strict):
@@ -771,8 +792,9 @@ class AccountingConfig(Strict):
     )
     enforce_associations: bool = Field(
         True,
-        description="AccountingStorageEnforce=associations: only users in `users` (and root) can run jobs, so every "
-        "job counts against its account's fair share.",
+        description="AccountingStorageEnforce=associations,limits,qos,safe: only users in `users` (and root) can "
+        "run jobs, every job counts against its account's fair share, and the accounts' limits (grp_tres, max_jobs, "
+        "max_submit_jobs, max_wall) hold.",
     )
     fairshare_weight: int = Field(
         10000, ge=0, description="PriorityWeightFairshare: how much fair share weighs in a job's priority."

@@ -23,6 +23,7 @@ def cluster_vars(config: ClusterConfig) -> dict:
                 "nodegroups": list(p.node_groups),
                 "default": p.default,
                 "max_time": p.max_time,
+                "max_nodes": p.max_nodes,
                 "state": "UP",
             }
             for p in config.effective_partitions()
@@ -66,7 +67,7 @@ def accounting_vars(config: ClusterConfig) -> dict:
     accounts = accounting.effective_accounts()
     return {
         **accounting.model_dump(exclude={"accounts"}),
-        "accounts": [a.model_dump() for a in accounts],
+        "accounts": [a.model_dump(exclude_none=True) for a in accounts],  # unset limits: none
         "users": [{"name": u.name, "account": u.account or accounts[0].name} for u in config.users],
     }
 

@@ -99,12 +99,38 @@ def test_the_cluster_its_account_and_users_are_registered_with_fair_share(cluste
     for setting in (
         r"AccountingStorageType\s+= accounting_storage/slurmdbd",
         r"AccountingStorageTRES\s+= \S*gres/gpu",
-        r"AccountingStorageEnforce\s+= associations",
+        r"AccountingStorageEnforce\s+= associations,limits,qos,safe",
         r"PriorityType\s+= priority/multifactor",
         r"PriorityWeightFairshare\s+= 10000",
     ):
         assert re.search(setting, config, re.IGNORECASE), setting
     assert "researcher" in on("head", "sshare -n -P -a -o User").stdout.split()
+
+
+def test_an_accounts_limits_hold_and_others_are_not_held_by_them(cluster):
+    """guests (mallory's account): at most one node at a time, jobs of at most 10 minutes. Slurm keeps
+    a job over a limit waiting with the limit as its reason."""
+    limits = on("head", "sacctmgr -n -P list association account=guests user= format=grptres,maxwall").stdout
+    assert limits.split() == ["node=1|00:10:00"]
+    submit = "cd /tmp && runuser -u {} -- sbatch --parsable -o /dev/null {} --wrap 'sleep 1'"
+    wide = on("head", submit.format("mallory", "-N2")).stdout.strip()
+    long = on("head", submit.format("mallory", "-N1 --time=20")).stdout.strip()
+
+    def reasons() -> str:
+        return on("head", f"squeue -h -j {wide},{long} -o '%i %r'").stdout
+
+    def held() -> str | None:
+        shown = reasons()
+        return shown if "AssocGrpNodeLimit" in shown and "AssocMaxWallDurationPerJobLimit" in shown else None
+
+    try:
+        shown = wait_for("both jobs held by their limits", held, timeout=30, describe=reasons)
+        assert f"{wide} AssocGrpNodeLimit" in shown and f"{long} AssocMaxWallDurationPerJobLimit" in shown
+    finally:
+        on("head", f"scancel {wide} {long}")
+    # The partition's own limit: at most one node per job in util.
+    assert "MaxNodes=1 " in on("head", "scontrol show partition util").stdout
+    assert "MaxNodes=UNLIMITED " in on("head", "scontrol show partition cpu").stdout
 
 
 def test_a_user_without_an_association_cannot_run_jobs(cluster):

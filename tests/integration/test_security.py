@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from localtest import CONFIG, cb, on
+from polling import wait_for
 
 PRELOAD = "/etc/ld.so.preload"
 
@@ -120,6 +121,56 @@ def test_a_user_sees_only_their_own_jobs(cluster):
         assert "researcher" not in as_user("mallory", "sshare -a -h -o User", check=False).stdout.split()
     finally:
         head(f"scancel {job}")
+
+
+def test_users_reach_a_compute_node_over_ssh_only_while_their_job_runs_there(cluster):
+    """Finding 11: any user with a key could SSH to any compute node and run there outside Slurm,
+    beside other users' jobs. pam_slurm_adopt lets a user in only while the user has a job there."""
+    node = "cpu-1"
+
+    def ssh_as(user: str):
+        options = "-o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=20"
+        return head(f"runuser -u {user} -- ssh -i /tmp/sec-{user}-key {options} {node} hostname", check=False)
+
+    for user in ("researcher", "mallory"):  # each a key the node accepts (sshd's authentication passes)
+        key = f"/tmp/sec-{user}-key"
+        head(f"rm -f {key} {key}.pub && ssh-keygen -q -t ed25519 -N '' -C sec-{user}-key -f {key}")
+        head(f"chown {user} {key} {key}.pub")
+        public = head(f"cat {key}.pub").stdout.strip()
+        on(
+            node,
+            f"install -d -o {user} -g {user} -m 0700 /home/{user}/.ssh && "
+            f"echo {shlex.quote(public)} >> /home/{user}/.ssh/authorized_keys && "
+            f"chown {user}:{user} /home/{user}/.ssh/authorized_keys",
+            config=CONFIG,
+        )
+    job = None
+    try:
+        refused = ssh_as("researcher")
+        assert refused.returncode == 255, (refused.stdout, refused.stderr)  # no job there: the account stack says no
+        submit = (
+            f"cd /tmp && runuser -u researcher -- sbatch --parsable -w {node} --mem=64 -o /dev/null --wrap 'sleep 300'"
+        )
+        job = head(submit).stdout.strip()
+        wait_for(f"job {job} running", lambda: head(f"squeue -h -j {job} -o %T").stdout.strip() == "RUNNING", 60)
+        allowed = ssh_as("researcher")
+        assert allowed.returncode == 0 and allowed.stdout.strip() == node, (allowed.stdout, allowed.stderr)
+        # Another user's job running there lets no one else in.
+        assert ssh_as("mallory").returncode == 255
+        # The administrators (root here) come in without a job: the rest of the suite depends on it.
+        assert "pam_slurm_adopt.so" in on(node, "cat /etc/pam.d/clusterbake-slurm-adopt", config=CONFIG).stdout
+        assert re.search(r"PrologFlags\s*=\s*\S*Contain", head("scontrol show config").stdout)  # Contain implies Alloc
+    finally:
+        if job:
+            head(f"scancel {job}")
+        for user in ("researcher", "mallory"):
+            head(f"rm -f /tmp/sec-{user}-key /tmp/sec-{user}-key.pub")
+            on(
+                node,
+                f"sed -i '/ sec-{user}-key$/d' /home/{user}/.ssh/authorized_keys",
+                config=CONFIG,
+                check=False,
+            )
 
 
 def test_a_compute_nodes_root_cannot_take_another_address_on_the_bridge(cluster):

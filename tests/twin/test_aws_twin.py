@@ -191,17 +191,21 @@ def test_node_role_reads_only_its_own_clusters_secrets(twin):
             "c = boto3.session.Session().client('secretsmanager', region_name=source['region'],"
             " endpoint_url=source['endpoint_url'])\n"
             "out = {}\n"
-            "for name in (source['secret_id'], sys.argv[1]):\n"
+            "own, other = source['secret_id'], sys.argv[1]\n"
+            "for name, stage in ((own, 'AWSCURRENT'), (own, None), (other, 'AWSCURRENT')):\n"
             "    try:\n"
-            "        c.get_secret_value(SecretId=name); out[name] = 'read'\n"
+            "        c.get_secret_value(SecretId=name, **({'VersionStage': stage} if stage else {}))\n"
+            "        out[f'{name} {stage}'] = 'read'\n"
             "    except Exception as exc:\n"
-            "        out[name] = type(exc).__name__ + ': ' + str(exc)\n"
+            "        out[f'{name} {stage}'] = type(exc).__name__ + ': ' + str(exc)\n"
             "print(json.dumps(out))\n"
         )
         result = twin.on("cpu-1", f"python3 -c {shlex.quote(probe)} clusterbake/othercluster/join/cpu")
         answers = json.loads(result.stdout)
-        assert answers[f"clusterbake/{CLUSTER}/join/cpu"] == "read"
-        assert "AccessDenied" in answers["clusterbake/othercluster/join/cpu"]
+        assert answers[f"clusterbake/{CLUSTER}/join/cpu AWSCURRENT"] == "read"  # as the boot program asks
+        # Only the current version, asked for by its stage (finding 14): no stage named, no read.
+        assert "AccessDenied" in answers[f"clusterbake/{CLUSTER}/join/cpu None"]
+        assert "AccessDenied" in answers["clusterbake/othercluster/join/cpu AWSCURRENT"]
     finally:
         secrets.delete_secret(SecretId=other, ForceDeleteWithoutRecovery=True)
 

@@ -92,6 +92,7 @@ def test_group_vars_from_config():
             "nodegroups": ["cpu", "gpu-h100"],
             "default": True,
             "max_time": "INFINITE",
+            "max_nodes": None,
             "state": "UP",
         }
     ]

@@ -217,3 +217,63 @@ def test_changed_shares_and_accounts_are_modified_never_removed(accounts):
         "user researcher default account vision",
     ]
     assert not any(arguments[0] == "delete" for _, arguments in steps)
+
+
+LIMITED = {
+    "name": "guests",
+    "description": "capped",
+    "fairshare": 1,
+    "grp_tres": "node=1,gres/gpu=8",
+    "max_jobs": 2,
+    "max_submit_jobs": 4,
+    "max_wall": "0:10:00",
+}
+
+
+def test_a_new_account_is_added_with_its_limits(accounts):
+    steps = accounts.plan({**WANT, "accounts": [LIMITED], "users": []}, ["citest"], [], {}, {})
+    assert steps == [
+        (
+            "account guests",
+            [
+                "add", "account", "guests", "cluster=citest", "description=capped", "fairshare=1",
+                "GrpTRES=node=1,gres/gpu=8", "MaxJobs=2", "MaxSubmitJobs=4", "MaxWall=0:10:00",
+            ],
+        )
+    ]  # fmt: skip
+
+
+def test_limits_as_sacctmgr_prints_them_are_left_alone(accounts):
+    # sacctmgr lists TRES in its own order and MaxWall as [DAYS-]HH:MM:SS.
+    associations = [
+        ["guests", "", "1", "gres/gpu=8,node=1", "2", "4", "00:10:00"],
+        ["general", "", "1", "", "", "", ""],
+    ]
+    want = {**WANT, "accounts": [LIMITED, WANT["accounts"][0]], "users": []}
+    assert (
+        accounts.plan(want, ["citest"], associations, {}, {"guests": "capped", "general": "every user by default"})
+        == []
+    )
+
+
+def test_changed_limits_are_set_and_dropped_ones_cleared(accounts):
+    associations = [["guests", "", "1", "gres/gpu=8,node=1", "2", "4", "00:10:00"]]
+    want = {**WANT, "users": [], "accounts": [{**LIMITED, "grp_tres": "node=2", "max_jobs": None, "max_wall": "1-0"}]}
+    steps = accounts.plan(want, ["citest"], associations, {}, {"guests": "capped"})
+    assert steps == [
+        (
+            "account guests limits GrpTRES,MaxJobs,MaxWall",
+            [
+                "modify", "account", "where", "name=guests", "cluster=citest", "set",
+                "GrpTRES=node=2,gres/gpu=-1", "MaxJobs=-1", "MaxWall=1-0",
+            ],
+        )
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("10", 10), ("10:30", 11), ("01:30:00", 90), ("2-0", 2880), ("1-00:00:00", 1440), ("1-2:30", 1590)],
+)
+def test_slurm_times_in_minutes(accounts, text, expected):
+    assert accounts.minutes(text) == expected

@@ -93,8 +93,15 @@ def inventory(nodegroups, partitions, **extra_vars):
     }
 
 
-def partition(name, nodegroups, default=False, max_time="INFINITE"):
-    return {"name": name, "nodegroups": nodegroups, "default": default, "max_time": max_time, "state": "UP"}
+def partition(name, nodegroups, default=False, max_time="INFINITE", max_nodes=None):
+    return {
+        "name": name,
+        "nodegroups": nodegroups,
+        "default": default,
+        "max_time": max_time,
+        "max_nodes": max_nodes,
+        "state": "UP",
+    }
 
 
 # The local provider's choice: nspawn nodes cannot use Slurm's cgroup plugins.
@@ -120,7 +127,7 @@ CASES = {
                 node(96, 1900000, sockets=2, threads_per_core=2, gres=["gpu:h100:8"], features=["gpu", "h100"]),
             ),
         },
-        [partition("cpu", ["cpu"], default=True), partition("gpu", ["gpu-h100"], max_time="2-00:00:00")],
+        [partition("cpu", ["cpu"], default=True), partition("gpu", ["gpu-h100"], max_time="2-00:00:00", max_nodes=8)],
         slurm_config={"slurmdtimeout": 600, "EnforcePartLimits": True, "PropagateResourceLimitsExcept": "MEMLOCK"},
     ),
     # The config's accounting defaults (clusterbake_accounting), on the local shape.
@@ -165,7 +172,7 @@ def test_gpu_case_compresses_hosts_and_declares_gres():
     lines = render("slurm.conf.j2", CASES["gpu"]).splitlines()
     assert "GresTypes=gpu" in lines
     assert any(line.startswith("NodeName=gpu-[1-16] ") and " Gres=gpu:h100:8 " in line for line in lines)
-    assert "PartitionName=gpu Nodes=gpu-[1-16] Default=NO MaxTime=2-00:00:00 State=UP" in lines
+    assert "PartitionName=gpu Nodes=gpu-[1-16] Default=NO MaxTime=2-00:00:00 MaxNodes=8 State=UP" in lines
     # slurm_config overrides in place (case-insensitive) and adds new keys.
     assert "SlurmdTimeout=600" in lines
     assert "EnforcePartLimits=YES" in lines
@@ -179,7 +186,7 @@ def test_accounting_sends_jobs_to_slurmdbd_with_gpus_and_orders_by_fair_share():
         "AccountingStorageHost=head",
         "AccountingStoragePort=6819",
         "AccountingStorageTRES=gres/gpu",
-        "AccountingStorageEnforce=associations",
+        "AccountingStorageEnforce=associations,limits,qos,safe",
         "PriorityType=priority/multifactor",
     } <= set(lines)
     # Without accounting (the local case) none of it, and no enforcement without its switch.
