@@ -73,13 +73,14 @@ def test_a_nodes_host_keys_are_pinned_from_its_console_before_anything_connects(
     assert pinned.lookup(address)["ssh-ed25519"].get_base64() == KEY.split()[1]
     assert pinned.lookup("gpu-1") is not None and "ssh-rsa" in pinned.lookup(address)
     # A node whose console never shows its keys is not connected to at all.
-    import clusterbake.providers.aws.provider as aws_provider
+    from clusterbake.providers import common
 
-    monkeypatch.setattr(aws_provider, "HOST_KEYS_POLL", 0.1)
+    monkeypatch.setattr(common, "HOST_KEYS_POLL", 0.1)
+    monkeypatch.setattr(common, "HOST_KEYS_TIMEOUT", 0.3)
     gpu2_id, _ = _addresses(moto)["gpu-2"]
     moto.console(gpu2_id, "[    0.000000] Linux version 6.8.0\n")
-    with pytest.raises(ClusterbakeError, match="has not shown its SSH host keys on its console"):
-        provider._pin_host_keys("gpu-2", "10.50.9.9", gpu2_id, timeout=0.3)
+    with pytest.raises(ClusterbakeError, match=f"has not shown its SSH host keys on its serial console.*{gpu2_id}"):
+        provider._pin_host_keys("gpu-2", "10.50.9.9", gpu2_id)
     assert HostKeys(str(provider.cluster.known_hosts)).lookup("10.50.9.9") is None
 
 

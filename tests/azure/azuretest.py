@@ -73,6 +73,10 @@ class Twin:
             raw = error.read()
             return error.code, (json.loads(raw) if raw else None), dict(error.headers)
 
+    def console(self, vm_id: str, text: str) -> None:
+        """What the VM's serial console shows (boot diagnostics' log; its boot program prints its host keys)."""
+        (self.directory.parent / "console" / f"{vm_id}.log").write_text(text)
+
     def token(self, client_id: str | None = None, resource: str = "https://management.azure.com") -> str:
         query = f"/msi/token?api-version=2019-08-01&resource={resource}"
         if client_id:
@@ -163,6 +167,8 @@ def arm_twin(root: Path, page_size: int = PAGE_SIZE) -> Iterator[Twin]:
     directory = root / "twin"
     log_path = root / "twin.log"
     (directory / "endpoints.json").unlink(missing_ok=True)  # a restart on the same state: wait for the new one
+    console_dir = root / "console"
+    console_dir.mkdir(parents=True, exist_ok=True)
     base_env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(root),
@@ -172,8 +178,7 @@ def arm_twin(root: Path, page_size: int = PAGE_SIZE) -> Iterator[Twin]:
         server = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "clusterbake.twins.azure.arm",
+                str(HERE / "arm_twin_server.py"),
                 "--dir",
                 str(directory),
                 "--page-size",
@@ -186,6 +191,7 @@ def arm_twin(root: Path, page_size: int = PAGE_SIZE) -> Iterator[Twin]:
             env={
                 **base_env,
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), base_env.get("PYTHONPATH")])),
+                "ARM_TWIN_CONSOLE_DIR": str(console_dir),
             },
         )
         try:

@@ -226,6 +226,61 @@ def test_after_configure_publishes_the_bundle_the_nodes_can_read(twin, ndv5, mon
     assert provider.after_configure() == []  # nothing left to disable, nothing written
 
 
+def _provider(twin, ndv5, monkeypatch):
+    from clusterbake.config import load_config
+    from clusterbake.providers.azure.provider import AzureProvider
+    from clusterbake.state import StateDir
+
+    for key, value in twin.env.items():
+        monkeypatch.setenv(key, value)
+    return AzureProvider(load_config(ndv5["path"]), StateDir(ndv5["state_dir"]))
+
+
+def test_a_nodes_host_keys_are_pinned_from_its_boot_diagnostics_before_anything_connects(twin, ndv5, monkeypatch):
+    """Security review finding 8: host keys were trusted on first use on Azure. Every VM has boot
+    diagnostics (managed storage); the controller reads the serial log by the SAS URI ARM gives and pins
+    the keys the boot program printed there before it connects."""
+    import requests
+    from paramiko.hostkeys import HostKeys
+
+    from clusterbake.errors import ClusterbakeError
+    from clusterbake.providers import common
+
+    vms = _vms(twin)
+    assert all(vm["properties"]["diagnosticsProfile"] == {"bootDiagnostics": {"enabled": True}} for vm in vms.values())
+    provider = _provider(twin, ndv5, monkeypatch)
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIF0k9mK7ZrWcP6sXzJ1Lq3bHn2Vd8Ty4Ue5Rg6Wa7Xb9"
+    other = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQDpinnedtoo"
+    twin.console(
+        vms["gpu-1"]["properties"]["vmId"],
+        f"[    5.1] cloud-init: ok\n-----BEGIN SSH HOST KEY KEYS-----\n{key} root@gpu-1\n{other} root@gpu-1\n"
+        "-----END SSH HOST KEY KEYS-----\n",
+    )
+    endpoint = provider.endpoint("gpu-1")
+    pinned = HostKeys(str(provider.cluster.known_hosts))
+    assert pinned.lookup(endpoint.host)["ssh-ed25519"].get_base64() == key.split()[1]
+    assert "ssh-rsa" in pinned.lookup("gpu-1")
+
+    # A node whose log never shows its keys is not connected to at all.
+    monkeypatch.setattr(common, "HOST_KEYS_POLL", 0.1)
+    monkeypatch.setattr(common, "HOST_KEYS_TIMEOUT", 0.3)
+    twin.console(vms["cpu-1"]["properties"]["vmId"], "[    0.000000] Linux version 6.8.0-1021-azure\n")
+    with pytest.raises(ClusterbakeError, match="has not shown its SSH host keys on its serial console"):
+        provider.endpoint("cpu-1")
+    assert HostKeys(str(provider.cluster.known_hosts)).lookup("cpu-1") is None
+
+    # The log is readable only by the SAS URI ARM handed out, as managed storage's blobs are.
+    data = provider.clients.compute.virtual_machines.retrieve_boot_diagnostics_data(
+        provider.azure.resource_group, vms["gpu-1"]["name"], sas_uri_expiration_time_in_minutes=5
+    )
+    assert requests.get(data.serial_console_log_blob_uri, timeout=30).text.count(key) == 1
+    forged = data.serial_console_log_blob_uri.replace(
+        vms["gpu-1"]["properties"]["vmId"], vms["head"]["properties"]["vmId"]
+    )
+    refused = requests.get(forged, timeout=30)
+    assert refused.status_code == 403 and refused.headers["x-ms-error-code"] == "AuthenticationFailed"
+
+
 def test_inventory_has_the_shared_shape(twin, ndv5):
     result = inventory(twin, ndv5["state_dir"], ndv5["path"])
     groups = {name: sorted(body.get("hosts", [])) for name, body in result.items() if name not in ("_meta", "all")}

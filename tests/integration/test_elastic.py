@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,27 @@ def test_a_job_powers_its_nodes_up_and_runs(elastic):
     assert set(machines().values()) == {"running"}
     wait_for(f"job {job} completed", lambda: "JobState=COMPLETED" in head(f"scontrol show job {job}").stdout, 120)
     assert sorted(head("cat /shared/up.out").stdout.split()) == [f"cpu-{i}" for i in range(1, 5)]
+
+
+AGENT_PROBE = """
+import http.client, socket, sys
+class Unix(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect("/run/clusterbake-power-agent/agent.sock")
+c = Unix("localhost", timeout=10); c.request("GET", "/nodes"); print(c.getresponse().status)
+"""
+
+
+def test_only_the_head_reaches_the_power_agent_and_only_with_its_token(elastic):
+    """Security finding 17: the agent took its bearer token over HTTP on the bridge. Now it listens on a
+    Unix socket that only the head has; a request there without the token is refused."""
+    assert head("test -S /run/clusterbake-power-agent/agent.sock && echo socket").stdout.strip() == "socket"
+    assert head(f"python3 -c {shlex.quote(AGENT_PROBE)}").stdout.strip() == "401"
+    assert f"power agent on {STATE}/power-agent/agent.sock" in (STATE / "logs" / "power-agent.log").read_text()
+    # Nothing listens on the bridge any more (the agent's old port on the host's address).
+    host = load_config(CONFIG).local.subnet.rsplit(".", 1)[0] + ".1"
+    probe = f"import socket; print(socket.socket().connect_ex(('{host}', 6820)))"
+    assert head(f"python3 -c {shlex.quote(probe)}").stdout.strip() != "0"
 
 
 def test_idle_nodes_power_down_after_idle_time(elastic):

@@ -60,7 +60,7 @@ def play(tmp: Path, hosts: dict[str, dict], groups: dict[str, list[str]], variab
                 "munge_key_file": str(tmp / "munge.key"),
                 "slurm_accounting_local_password_file": str(tmp / "slurmdbd.password"),
                 "slurm_power_token_controller_file": str(tmp / "power.token"),
-                "slurm_power_agent_url": "http://10.0.1.1:6820",
+                "slurm_power_agent_url": "unix:///run/clusterbake-power-agent/agent.sock",
                 "node_join_program": str(fake),
                 "node_join_bundle_path": str(tmp / "bundles") + "/{{ inventory_hostname }}.json",
                 **variables,

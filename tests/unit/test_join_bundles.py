@@ -67,7 +67,8 @@ def test_the_head_bundle_carries_the_power_program_settings(tmp_path):
     assert (settings["mode"], settings["owner"], settings["group"]) == ("0640", "root", "slurm")
     power = json.loads(settings["text"])
     assert (power["elastic_nodes"], power["static_nodes"]) == (["burst-1"], ["cpu-1"])
-    assert power["agent"] == "http://10.0.1.1:6820" and power["token_file"] == "/etc/clusterbake/power.token"
+    assert power["agent"] == "unix:///run/clusterbake-power-agent/agent.sock"
+    assert power["token_file"] == "/etc/clusterbake/power.token"
     token = head["/etc/clusterbake/power.token"]
     assert token["text"] == (tmp_path / "power.token").read_text() and token["mode"] == "0640"
     assert "OnUnitActiveSec=7s" in head["/etc/systemd/system/clusterbake-power-reconcile.timer.d/interval.conf"]["text"]

@@ -397,6 +397,17 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
+def unix_socket_open(path: Path) -> bool:
+    """Whether something accepts connections on the Unix socket at `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        try:
+            sock.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
 def sshd_answers(host: str, port: int = 22) -> bool:
     """Whether an sshd is up at host:port (it sends its banner first)."""
     try:

@@ -10,6 +10,9 @@ login user, by way of its bastion if any.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from clusterbake import remote
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.remote import Endpoint
@@ -52,6 +55,41 @@ def host_keys_from_console(text: str) -> list[str]:
         elif current is not None and len(line.split()) >= 2 and line.split()[0].startswith(("ssh-", "ecdsa-")):
             current.append(" ".join(line.split()[:2]))
     return blocks[-1] if blocks else []
+
+
+# How long a new machine may take to print its host keys on its serial console, and how often
+# the console is read again.
+HOST_KEYS_TIMEOUT = 600.0
+HOST_KEYS_POLL = 3.0
+
+
+def pin_from_console(
+    cluster: ClusterDir,
+    node: str,
+    address: str,
+    read_console: Callable[[], str],
+    where: str,
+    timeout: float | None = None,
+) -> None:
+    """The node's SSH host keys into known_hosts from its serial console (the cloud's API; the
+    boot program prints them there) before anything connects to it: never trust on first use
+    for a node that receives the cluster's secrets (security review finding 8). `where`: how to
+    look at that console by hand, for the error."""
+    if remote.knows_host(cluster.known_hosts, address):
+        return
+    timeout = HOST_KEYS_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    while True:
+        keys = host_keys_from_console(read_console())
+        if keys:
+            remote.pin_host_keys(cluster.known_hosts, [address, node], keys)
+            return
+        if time.monotonic() > deadline:
+            raise ClusterbakeError(
+                f"{node} has not shown its SSH host keys on its serial console in {timeout:.0f} s "
+                f"(its boot program prints them; see {where}): nothing connected to it"
+            )
+        time.sleep(HOST_KEYS_POLL)
 
 
 def connection_vars(cluster: ClusterDir, user: str, options: list[str], extra: dict) -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from functools import cached_property
 from pathlib import Path
 
@@ -29,10 +28,6 @@ from clusterbake.state import StateDir
 SSH_READY_TIMEOUT = 600.0
 # `cluster down`: terminate, then look again (a node the head launched meanwhile), this many times.
 DESTROY_ROUNDS = 3
-# How long a new instance may take to print its host keys on its console (EC2 publishes the
-# console output of Nitro instances at once with Latest=True), and how often it is read.
-HOST_KEYS_TIMEOUT = 600.0
-HOST_KEYS_POLL = 3.0
 # AWS reserves the first four addresses of a subnet and the last (the network address and
 # the last are not hosts anyway): nodes start after the third host address.
 RESERVED_FIRST_HOSTS = 3
@@ -772,25 +767,16 @@ class AwsProvider(Provider):
         self._pin_host_keys(node, instance["PrivateIpAddress"], instance["InstanceId"])
         return self._endpoint_to(node, instance["PrivateIpAddress"])
 
-    def _pin_host_keys(self, node: str, address: str, instance_id: str, timeout: float = HOST_KEYS_TIMEOUT) -> None:
-        """The node's SSH host keys into known_hosts from its console output (EC2's API: the boot
-        program prints them there) before anything connects to it: never trust on first use for a
-        node that receives the cluster's secrets (security review finding 8)."""
-        if remote.knows_host(self.cluster.known_hosts, address):
-            return
-        deadline = time.monotonic() + timeout
-        while True:
+    def _pin_host_keys(self, node: str, address: str, instance_id: str) -> None:
+        """The node's host keys from EC2's console output (Nitro instances' at once with Latest=True)."""
+
+        def console() -> str:
             answer = call(self.client.get_console_output, InstanceId=instance_id, Latest=True)
-            keys = common.host_keys_from_console(answer.get("Output") or "")  # botocore decodes its base64
-            if keys:
-                remote.pin_host_keys(self.cluster.known_hosts, [address, node], keys)
-                return
-            if time.monotonic() > deadline:
-                raise ClusterbakeError(
-                    f"{node} ({instance_id}) has not shown its SSH host keys on its console in {timeout:.0f} s "
-                    "(its boot program prints them; see `aws ec2 get-console-output`): nothing connected to it"
-                )
-            time.sleep(HOST_KEYS_POLL)
+            return answer.get("Output") or ""  # botocore decodes its base64
+
+        common.pin_from_console(
+            self.cluster, node, address, console, f"`aws ec2 get-console-output --instance-id {instance_id}`"
+        )
 
     def _forget_replaced_hosts(self) -> list[str]:
         """Drop the known_hosts lines of nodes whose instance is not the one state.json records.

@@ -644,7 +644,7 @@ class AzureProvider(Provider):
         if not head.get("address"):
             raise ClusterbakeError("the head has no VM (or no address yet); `clusterbake cluster up` creates it")
         common.wait_ssh(
-            self._endpoint_to("head", head["address"]),
+            self._pinned_endpoint("head", head),
             timeout,
             "check azure.ssh_cidrs / azure.bastion and the VMs' boot diagnostics",
         )
@@ -939,7 +939,36 @@ class AzureProvider(Provider):
         vm = self.cluster_vms().get(node)
         if vm is None or not vm.get("address"):
             raise ClusterbakeError(f"node {node} has no VM; `clusterbake cluster up` creates it")
-        return self._endpoint_to(node, vm["address"])
+        return self._pinned_endpoint(node, vm)
 
     def _endpoint_to(self, node: str, address: str) -> Endpoint:
         return common.endpoint(self.cluster, node, address, self.azure.admin_user, self.azure.bastion)
+
+    def _pinned_endpoint(self, node: str, vm: dict) -> Endpoint:
+        """The node's endpoint, its host keys pinned first (_pin_host_keys)."""
+        self._pin_host_keys(node, vm["address"], vm["name"])
+        return self._endpoint_to(node, vm["address"])
+
+    def _pin_host_keys(self, node: str, address: str, vm_name: str) -> None:
+        """The node's host keys from its serial console log (boot diagnostics, managed storage: a
+        short-lived SAS URI from retrieveBootDiagnosticsData, the blob read with it)."""
+
+        def console() -> str:
+            import requests  # azure-core's transport; proxy and CA settings from the environment as ARM's
+
+            data = self.clients.compute.virtual_machines.retrieve_boot_diagnostics_data(
+                self.azure.resource_group, vm_name, sas_uri_expiration_time_in_minutes=5
+            )
+            answer = requests.get(data.serial_console_log_blob_uri, timeout=60)
+            if answer.status_code == 404:  # nothing written yet
+                return ""
+            answer.raise_for_status()
+            return answer.text
+
+        common.pin_from_console(
+            self.cluster,
+            node,
+            address,
+            console,
+            f"`az vm boot-diagnostics get-boot-log -g {self.azure.resource_group} -n {vm_name}`",
+        )

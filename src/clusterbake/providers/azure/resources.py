@@ -217,6 +217,9 @@ def vm_body(
                 },
             },
             "networkProfile": {"networkInterfaces": [{"id": nic_id, "properties": {"deleteOption": "Delete"}}]},
+            # Boot diagnostics in managed storage: the serial console log, where the boot program prints
+            # the SSH host keys the controller pins before it connects (provider._pin_host_keys).
+            "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
             # The same document as userData: Azure's IMDS serves userData (the image's boot service reads it
             # there, role cloud_boot), never customData (cloud-init's, through the provisioning agent).
             "userData": base64.b64encode(custom_data.encode()).decode(),

@@ -2,9 +2,10 @@
 
 On a cloud, Slurm's ResumeProgram on the head calls the cloud's API; on the local
 provider the "cloud" is this host, so the head's program (role slurm_power,
-`clusterbake-power`) asks this agent, over the cluster's bridge, with a token only
-the head and the controller hold. It listens on the host's bridge address (nothing
-beyond the project's bridge reaches it) and serves:
+`clusterbake-power`) asks this agent, with a token only the head and the controller
+hold. It listens on a Unix socket in a directory of the cluster's that only the head
+has (bound into it at HEAD_SOCKET_DIR): no compute node, and nothing on the bridge,
+reaches it, and the token never crosses a network (security review finding 17). It serves:
 
 - `POST /power` {"action": "start" | "stop", "nodes": [...]}: start nodes (each joins
   by itself from its group's bundle, written into it before boot) or power them off
@@ -23,18 +24,23 @@ from __future__ import annotations
 import argparse
 import hmac
 import json
+import os
+import socketserver
 import sys
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-PORT = 6820
 MAX_BODY = 1 << 20
+SOCKET_NAME = "agent.sock"
+# Where the head sees the agent's directory (a read-only bind: a socket still takes connections).
+HEAD_SOCKET_DIR = "/run/clusterbake-power-agent"
 
 
 def log(message: str) -> None:
@@ -57,6 +63,13 @@ class Agent:
         return LocalProvider(load_config(self.config_path), StateDir(self.state_root))
 
     def power(self, action: str, nodes: list[str]) -> dict[str, str]:
+        if action == "start":
+            # slurmctld takes a powering-up node's registration only with a boot time (whole seconds,
+            # from slurmd's uptime) no older than its power-up request ("waiting_for_node_boot"). A kept
+            # disk boots in under a second: a slurmd that registered within the request's second could
+            # report a boot before it, was ignored, and never registered again (ResumeTimeout). Boots
+            # start from the second after next: at most two seconds a power-up.
+            time.sleep(2.0 - time.time() % 1.0)
         with self.lock:
             provider = self.provider()
             planned = {n.name for n in provider.nodes if n.role == "compute"}
@@ -93,10 +106,17 @@ class Agent:
         }
 
 
-def serve(agent: Agent, address: str, port: int) -> None:
+class UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+
+def serve(agent: Agent, socket_path: Path) -> None:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             pass
+
+        def address_string(self) -> str:  # a Unix socket's peer has no address
+            return "head"
 
         def _answer(self, status: int, data: Any) -> None:
             body = json.dumps(data).encode()
@@ -139,9 +159,12 @@ def serve(agent: Agent, address: str, port: int) -> None:
                 return
             self._answer(HTTPStatus.OK, {"results": agent.power(action, nodes)})
 
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    log(f"power agent on http://{address}:{port}")
+    socket_path.unlink(missing_ok=True)  # one a killed agent left
+    server = UnixHTTPServer(str(socket_path), Handler)
+    # The head's SlurmUser connects (its uid is the image's, unknown here): the directory, seen only by
+    # the head and the host, is the boundary; the token is the check.
+    os.chmod(socket_path, 0o666)
+    log(f"power agent on {socket_path}")
     server.serve_forever()
 
 
@@ -149,12 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the local provider's power agent (started by `cluster up`)")
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--state", required=True, type=Path)
-    parser.add_argument("--address", required=True)
-    parser.add_argument("--port", type=int, default=PORT)
+    parser.add_argument("--socket", required=True, type=Path, help="the Unix socket to listen on")
     parser.add_argument("--token-file", required=True, type=Path)
     args = parser.parse_args(argv)
     agent = Agent(args.config, args.state, args.token_file.read_text().strip())
-    serve(agent, args.address, args.port)
+    serve(agent, args.socket)
     return 0
 
 

@@ -30,10 +30,10 @@ from clusterbake.nspawn import limits, machines, network, rootfs
 from clusterbake.plan import address_pool, assign_addresses
 from clusterbake.progress import say
 from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
+from clusterbake.providers.local.power_agent import HEAD_SOCKET_DIR, SOCKET_NAME
 from clusterbake.remote import Endpoint
 from clusterbake.state import write_secret
 
-POWER_AGENT_PORT = 6820
 # Where the image keeps the join program and a node its bundle (role node_join's defaults).
 JOIN_PROGRAM = "/usr/local/sbin/clusterbake-node-join"
 JOIN_BUNDLE = "/etc/clusterbake/node-join.json"
@@ -184,6 +184,7 @@ class LocalProvider(Provider):
         for directory in self._binds().values():
             directory.mkdir(parents=True, exist_ok=True)
             machines.ensure_nosuid_nodev(directory)
+        self.power_agent_dir.mkdir(mode=0o755, exist_ok=True)
         # Shared storage is like /tmp: every user can create their own directories
         # (checkpoints, job logs); the sticky bit keeps them theirs.
         for mount in self.config.effective_storage():
@@ -407,7 +408,9 @@ class LocalProvider(Provider):
             paths.root,
             netns,
             self._binds(),
-            readonly_binds=self._gpu_devices(name),
+            # The head alone sees the power agent's socket (security review finding 17).
+            readonly_binds=self._gpu_devices(name)
+            | ({HEAD_SOCKET_DIR: self.power_agent_dir} if self.node(name).role == "head" else {}),
             init_args=init_args,
             # Compute nodes cannot spoof an address on the bridge (security review finding 17): the head
             # alone keeps CAP_NET_ADMIN (quickack), no node CAP_NET_RAW.
@@ -689,22 +692,22 @@ class LocalProvider(Provider):
         write_secret(self.power_token_file, lambda: secrets.token_hex(32).encode())
         log = self.cluster.logs / "power-agent.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        socket_path = self.power_agent_dir / SOCKET_NAME
         argv = [
             sys.executable, "-m", "clusterbake.providers.local.power_agent",
             "--config", str(self.config_path), "--state", str(self.state.root),
-            "--address", str(network.host_address(self.config.local.subnet).ip), "--port", str(POWER_AGENT_PORT),
-            "--token-file", str(self.power_token_file),
+            "--socket", str(socket_path), "--token-file", str(self.power_token_file),
         ]  # fmt: skip
+        socket_path.unlink(missing_ok=True)
         with log.open("ab") as out, open(os.devnull, "rb") as devnull:
             process = subprocess.Popen(argv, stdin=devnull, stdout=out, stderr=out, start_new_session=True)
         (self.cluster.root / "power-agent.pid").write_text(f"{process.pid}\n")
         deadline = time.monotonic() + 20
-        address = str(network.host_address(self.config.local.subnet).ip)
-        while not machines.port_open(address, POWER_AGENT_PORT):
+        while not machines.unix_socket_open(socket_path):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise ClusterbakeError(f"the power agent did not start; see {log}")
             time.sleep(0.1)
-        say(f"    power agent (elastic and lost nodes) at {address}:{POWER_AGENT_PORT}")
+        say(f"    power agent (elastic and lost nodes) on {socket_path} (the head's {HEAD_SOCKET_DIR})")
 
     def stop_power_agent(self) -> bool:
         pid = self._agent_pid()
@@ -717,6 +720,11 @@ class LocalProvider(Provider):
     def config_path(self) -> Path:
         """The config this cluster runs with (written by provision), for the power agent."""
         return self.cluster.root / "config.yaml"
+
+    @property
+    def power_agent_dir(self) -> Path:
+        """The power agent's socket directory, bound into the head only."""
+        return self.cluster.root / "power-agent"
 
     @property
     def power_token_file(self) -> Path:
@@ -821,8 +829,8 @@ class LocalProvider(Provider):
             "fabric_socket_ifname": "host0",
             # Containers report the host's boot time: slurmd -b tells slurmctld it (re)booted now.
             "slurm_slurmd_extra_options": ["-b"],
-            # Elastic nodes: the head's power programs call the host's power agent.
-            "slurm_power_agent_url": f"http://{network.host_address(self.config.local.subnet).ip}:{POWER_AGENT_PORT}",
+            # Elastic nodes: the head's power programs call the host's power agent on its socket.
+            "slurm_power_agent_url": f"unix://{HEAD_SOCKET_DIR}/{SOCKET_NAME}",
             "slurm_power_token_controller_file": str(self.power_token_file),
         }
 

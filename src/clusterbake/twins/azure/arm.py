@@ -48,6 +48,7 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
@@ -59,6 +60,9 @@ from clusterbake.twins.azure.tls import make_certificates, server_context
 API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}(-preview)?$")
 KEYVAULT_API_VERSION = re.compile(r"^(\d+\.\d+(-preview(\.\d+)?)?|\d{4}-\d{2}-\d{2}(-preview)?)$")
 VAULT_HOST = re.compile(r"^([a-z0-9-]{3,24})\.vault\.azure\.net:443$")
+# Boot diagnostics' managed storage: retrieveBootDiagnosticsData answers SAS URIs of blobs there.
+BOOT_LOG_HOST = re.compile(r"^(md-[a-z0-9]{12})\.blob\.storage\.azure\.net:443$")
+BOOT_LOG_BYTES = 1024 * 1024  # what the twin serves of a node's serial console log (its end)
 ARM_AUDIENCE = "https://management.azure.com"
 VAULT_AUDIENCE = "https://vault.azure.net"
 STORAGE_AUDIENCE = "https://storage.azure.com"
@@ -77,6 +81,9 @@ def _unb64(text: str) -> bytes:
 class Twin:
     """The twin's state, its signing key and its settings, shared by both listeners."""
 
+    # A VM's vmId -> its node's serial console log (None: no node); the daemon sets its nodes'.
+    console_log: Callable[[str], Path | None] = staticmethod(lambda vm_id: None)
+
     def __init__(self, state: ArmState, directory: Path, page_size: int = 25, identity_header: str | None = None):
         self.state = state
         self.directory = directory
@@ -87,6 +94,31 @@ class Twin:
         self.state_file = directory / "state.json"
         self.base_url = ""  # set once listening
         self.blob_root: Path | None = None  # where the blob containers' files are (the twin's node storage)
+
+    def boot_diagnostics(self, vm: dict, query: dict) -> dict:
+        """retrieveBootDiagnosticsData: SAS URIs of the VM's serial console log and screenshot in
+        boot diagnostics' managed storage, readable until they expire; refused without boot diagnostics."""
+        diagnostics = ((vm["properties"].get("diagnosticsProfile") or {}).get("bootDiagnostics")) or {}
+        if not diagnostics.get("enabled"):
+            raise ArmError(
+                409, "OperationNotAllowed", f"Boot diagnostics is not enabled for the virtual machine '{vm['name']}'."
+            )
+        minutes = int(query.get("sasUriExpirationTimeInMinutes") or 120)
+        if not 1 <= minutes <= 1440:
+            raise ArmError(400, "InvalidParameter", "sasUriExpirationTimeInMinutes must be from 1 to 1440.")
+        vm_id = vm["properties"]["vmId"].lower()
+        host = f"md-{hashlib.sha256(vm_id.encode()).hexdigest()[:12]}.blob.storage.azure.net"
+        expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + minutes * 60))
+
+        def uri(blob_name: str) -> str:
+            path = f"/bootdiagnostics-{vm_id}/{vm['name']}.{vm_id}.{blob_name}"
+            return f"https://{host}{path}?" + urlencode({"sv": "2022-11-02", "sr": "b", "sp": "r", "se": expiry,
+                                                           "sig": self.boot_log_signature(path, expiry)})  # fmt: skip
+
+        return {"consoleScreenshotBlobUri": uri("screenshot.bmp"), "serialConsoleLogBlobUri": uri("serialconsole.log")}
+
+    def boot_log_signature(self, path: str, expiry: str) -> str:
+        return _b64(hmac.new(self.key, f"bootdiagnostics\n{path}\n{expiry}".encode(), hashlib.sha256).digest())
 
     def token(self, oid: str, audience: str, app_id: str) -> tuple[str, int]:
         expires = int(time.time()) + TOKEN_SECONDS
@@ -477,6 +509,8 @@ class ArmHandler(Handler):
                     raise ArmError(
                         404, "ResourceNotFound", f"The Resource '{parent.type_name}/{parent.name}' was not found."
                     )
+                if last.lower() == "retrievebootdiagnosticsdata":
+                    raise Reply(200, self.twin.boot_diagnostics(vm_parent, query))
                 op = state.vm_action(parent, last)
                 if op is None:
                     raise Reply(200 if last.lower() != "simulateeviction" else 204)
@@ -800,6 +834,36 @@ class BlobHandler(ServiceHandler):
     do_GET = do_HEAD = do_PUT = do_DELETE = do_POST = _serve
 
 
+class BootLogHandler(ServiceHandler):
+    """Boot diagnostics' managed storage inside a tunnel: a VM's serial console log (its node's
+    console) by the SAS URI retrieveBootDiagnosticsData gave, as Blob Storage answers a blob GET."""
+
+    label = "bootdiagnostics"
+    host_name = ""
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        body = f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}</Message></Error>'
+        self.reply(status, body.encode(), {"Content-Type": "application/xml", "x-ms-error-code": code})
+
+    def do_GET(self) -> None:
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query).items()}
+        expiry, signature = query.get("se", ""), query.get("sig", "")
+        expected = self.twin.boot_log_signature(split.path, expiry)
+        if not signature or not hmac.compare_digest(signature, expected):
+            return self._refuse(403, "AuthenticationFailed", "Signature did not match.")
+        if expiry < time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()):
+            return self._refuse(403, "AuthenticationFailed", "Signed expiry time has passed.")
+        container, _, blob_name = split.path.strip("/").partition("/")
+        log_file = self.twin.console_log(container.removeprefix("bootdiagnostics-"))
+        if not blob_name.endswith(".serialconsole.log") or log_file is None or not log_file.exists():
+            return self._refuse(404, "BlobNotFound", "The specified blob does not exist.")
+        with log_file.open("rb") as handle:
+            handle.seek(max(log_file.stat().st_size - BOOT_LOG_BYTES, 0))
+            data = handle.read()
+        self.reply(200, data, {"Content-Type": "text/plain", "x-ms-blob-type": "AppendBlob"})
+
+
 class PricesHandler(ServiceHandler):
     """`https://prices.azure.com/api/retail/prices` (prices.py) inside a tunnel: anonymous, as the API is."""
 
@@ -814,6 +878,7 @@ class PricesHandler(ServiceHandler):
 # What the CONNECT proxy tunnels: host:443 pattern -> (handler class, the attribute the match names).
 TUNNELS = (
     (VAULT_HOST, VaultHandler, "vault_name"),
+    (BOOT_LOG_HOST, BootLogHandler, "host_name"),
     (re.compile(r"^([a-z0-9]{3,24})\.blob\.core\.windows\.net:443$"), BlobHandler, "account_name"),
     (re.compile(r"^(prices\.azure\.com):443$"), PricesHandler, "host_name"),
 )
@@ -833,7 +898,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         target = self.path.lower()
         tunnel_to = next(((p.match(target), h, a) for p, h, a in TUNNELS if p.match(target)), None)
         if tunnel_to is None:
-            self.send_response(403, "only Key Vault, Blob Storage and Retail Prices hosts are served by the twin")
+            self.send_response(403, "only Key Vault, Blob Storage, boot diagnostics and Retail Prices hosts are served")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return

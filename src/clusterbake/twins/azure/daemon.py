@@ -114,6 +114,7 @@ class AzureTwin:
         self.context = ssl.create_default_context(cafile=str(self.ca_file))
         self.nodes = AzureNodes(self.root, self.vnet_cidr, self.ca_file, log)
         self.arm.blob_root = self.nodes.storage / BLOBS
+        self.arm.console_log = lambda vm_id: self.nodes.paths(vm_id).console_log
         log(f"ARM on {self.arm.base_url}, Key Vault proxy on {self.endpoints['proxy']}")
 
     def arm_call(self, method: str, path: str, body: dict | None = None) -> dict:

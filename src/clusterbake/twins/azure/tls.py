@@ -4,9 +4,10 @@ The Azure SDK sends bearer tokens over https only (azure-core's BearerTokenCrede
 refuses http), so the twin speaks TLS like Azure does. Clients trust the twin's CA through
 the standard `REQUESTS_CA_BUNDLE` (requests, under azure-core, reads it); nothing in
 clusterbake disables verification. The server certificate names 127.0.0.1, localhost,
-management.azure.com, *.vault.azure.net and *.blob.core.windows.net (Key Vault's and Blob
-Storage's data planes are reached at their real URLs through the twin's CONNECT proxy, see
-arm.py, and by the nodes at the twin's address, which the twin's DNS gives those names).
+management.azure.com, *.vault.azure.net, *.blob.core.windows.net and *.blob.storage.azure.net
+(Key Vault's, Blob Storage's and boot diagnostics' data planes are reached at their real URLs
+through the twin's CONNECT proxy, see arm.py, and Key Vault and Blob Storage by the nodes at the
+twin's address, which the twin's DNS gives those names).
 """
 
 from __future__ import annotations
@@ -21,18 +22,32 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-DNS_NAMES = ("localhost", "management.azure.com", "*.vault.azure.net", "*.blob.core.windows.net", "prices.azure.com")
+DNS_NAMES = (
+    "localhost",
+    "management.azure.com",
+    "*.vault.azure.net",
+    "*.blob.core.windows.net",
+    "*.blob.storage.azure.net",  # boot diagnostics' managed storage
+    "prices.azure.com",
+)
 
 
 def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
+def _names_all(cert_path: Path) -> bool:
+    """Whether the server certificate names every name of DNS_NAMES (one made before a name was added does not)."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    return set(DNS_NAMES) <= set(names)
+
+
 def make_certificates(directory: Path, extra_ips: tuple[str, ...] = ()) -> tuple[Path, Path, Path]:
     """(CA certificate, server certificate chain, server key) in `directory`, made once."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_path, cert_path, key_path = directory / "ca.pem", directory / "server.pem", directory / "server.key"
-    if ca_path.exists() and cert_path.exists() and key_path.exists():
+    if ca_path.exists() and cert_path.exists() and key_path.exists() and _names_all(cert_path):
         return ca_path, cert_path, key_path
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
