@@ -33,11 +33,13 @@ VENV_BIN = REPO / ".venv" / "bin"
 OFFLINE_TESTS = ["tests/unit", "tests/aws", "tests/azure", "tests/security"]
 NODE_DIRS = ["tests/integration", "tests/twin"]
 CB = [str(VENV_BIN / "clusterbake")]
-# The images the node tests boot, in the order they build (a twin's is a layer on the suite's).
+# The images the node tests boot, in the order they build. A twin's image takes the image settings
+# of the config it is given: the suite's, so that it is a layer on the suite's image.
+SUITE_CONFIG = "tests/integration/cluster.yaml"
 IMAGES = {
-    "suite": [*CB, "--config", "tests/integration/cluster.yaml", "image", "build"],
-    "aws twin": [*CB, "twin", "image", "aws"],
-    "azure twin": [*CB, "twin", "image", "azure"],
+    "suite": [*CB, "--config", SUITE_CONFIG, "image", "build"],
+    "aws twin": [*CB, "--config", SUITE_CONFIG, "twin", "image", "aws"],
+    "azure twin": [*CB, "--config", SUITE_CONFIG, "twin", "image", "azure"],
 }
 RESULT_WORDS = (" PASSED", " FAILED", " ERROR", " SKIPPED", " XFAIL", " XPASS")
 

@@ -347,3 +347,34 @@ def test_state_survives_a_restart_of_the_twin(tmp_path):
         status, body, _ = second.request("GET", f"{_rg(second, 'kept-rg')}?{V}", token=second.token())
         assert status == 200 and body["tags"] == {"a": "b"}
         assert second.state()["counter"] >= counter  # ids stay unique across restarts
+
+
+@pytest.mark.parametrize(
+    ("pattern", "action", "granted"),
+    [
+        ("Microsoft.Compute/*", "Microsoft.Compute/virtualMachines/write", True),
+        ("microsoft.compute/virtualMachines/*", "Microsoft.Compute/virtualMachines/delete", True),
+        ("Microsoft.Compute/virtualMachines/read", "Microsoft.Compute/virtualMachines/write", False),
+        # Managed Identity Operator's: `*` as a whole segment also matches none (the role is Microsoft's
+        # documented way to let a principal attach an identity, `userAssignedIdentities/assign/action`).
+        (
+            "Microsoft.ManagedIdentity/userAssignedIdentities/*/assign/action",
+            "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action",
+            True,
+        ),
+        (
+            "Microsoft.ManagedIdentity/userAssignedIdentities/*/read",
+            "Microsoft.ManagedIdentity/userAssignedIdentities/read",
+            True,
+        ),
+        (
+            "Microsoft.ManagedIdentity/userAssignedIdentities/*/assign/action",
+            "Microsoft.ManagedIdentity/userAssignedIdentities/write",
+            False,
+        ),
+    ],
+)
+def test_action_wildcards_match_as_azure_roles_use_them(pattern, action, granted):
+    from clusterbake.twins.azure.rbac import action_matches
+
+    assert action_matches(pattern, action) is granted

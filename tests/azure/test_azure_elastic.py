@@ -101,11 +101,14 @@ def test_a_custom_role_with_just_what_powering_nodes_takes(elastic):
     subnet_group = f"/subscriptions/{twin.subscription}/resourceGroups/{NET_GROUP}"
     cluster_group = f"/subscriptions/{twin.subscription}/resourceGroups/{CLUSTER}-rg"
     assert sorted(s.lower() for s in props["assignableScopes"]) == sorted([cluster_group.lower(), subnet_group.lower()])
-    scopes = sorted(
-        a["properties"]["scope"] for a in _assignments(twin, _identity(twin, "head")["properties"]["principalId"])
-    )
+    grants = _assignments(twin, _identity(twin, "head")["properties"]["principalId"])
+    role_of = {a["properties"]["scope"].lower(): a["properties"]["roleDefinitionId"].rsplit("/", 1)[-1] for a in grants}
     subnet = f"{subnet_group}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/nodes"
-    assert [s.lower() for s in scopes] == sorted([cluster_group.lower(), subnet.lower()])
+    nodes_identity = _identity(twin, "nodes")["id"].lower()
+    assert sorted(role_of) == sorted([cluster_group.lower(), subnet.lower(), nodes_identity])
+    # Giving a VM an identity: the nodes' only, by Microsoft's built-in Managed Identity Operator there.
+    assert "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action" not in power.ACTIONS
+    assert role_of[nodes_identity] == "f1a07417-d97a-45cb-824c-7a7467783830"
 
 
 def test_inventory_hands_the_power_program_its_settings(elastic):
@@ -184,6 +187,19 @@ def test_the_program_makes_and_deletes_a_node_with_the_heads_identity(elastic, t
     assert backend.power("stop", ["cpu-2"]) == {"cpu-2": "ok"}
     assert _vm(twin, "cpu-2") is None
     assert not any(r["name"] == f"{CLUSTER}-cpu-2-nic" for r in twin.state()["resources"].values())
+
+
+def test_the_head_cannot_give_a_vm_its_own_identity(elastic, tmp_path, monkeypatch):
+    """Security finding 2: the head's identity could assign any identity of the resource group, its own
+    (with the power role) included, to a VM it made. Now only the nodes' identity."""
+    twin = elastic["twin"]
+    _, backend = _program_backend(elastic, tmp_path, monkeypatch)
+    head_identity = _identity(twin, "head")["id"]
+    backend.azure["groups"]["cpu"]["vm"]["identity"]["userAssignedIdentities"] = {head_identity: {}}
+    result = backend.power("start", ["cpu-2"])
+    assert result["cpu-2"].startswith(f"{SIZES[0]}: LinkedAuthorizationFailed:"), result
+    assert "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action" in result["cpu-2"]
+    assert _vm(twin, "cpu-2") is None
 
 
 def test_without_capacity_for_the_first_size_the_node_comes_up_as_the_second(elastic, tmp_path, monkeypatch):

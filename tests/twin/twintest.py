@@ -24,6 +24,8 @@ from sdkenv import Environ
 
 REPO = Path(__file__).resolve().parents[2]
 CB = [str(REPO / ".venv" / "bin" / "clusterbake")]
+# The twins' node images take the image settings of the suite's cluster: a layer on its image.
+SUITE_CONFIG = REPO / "tests" / "integration" / "cluster.yaml"
 CLUSTER = "citwin"
 REGION = "us-east-1"
 
@@ -169,7 +171,7 @@ def node_init_pid(machine: str, what: str) -> int:
 def twin_environment(cloud: str = "aws") -> dict[str, str]:
     """`clusterbake twin up <cloud>`'s export lines, evaluated by bash as `eval "$(...)"` does (a
     secret's line reads its 0600 file), applied to a copy of this environment."""
-    result = run([*CB, "twin", "up", cloud], timeout=2400)
+    result = run([*CB, "--config", str(SUITE_CONFIG), "twin", "up", cloud], timeout=2400)
     for line in result.stdout.splitlines():
         assert line.startswith("export "), f"unexpected output of twin up: {line!r}"
     dumped = run(["bash", "-c", 'eval "$1" && env -0', "sh", result.stdout], env=dict(os.environ)).stdout

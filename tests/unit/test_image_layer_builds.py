@@ -50,7 +50,8 @@ def store_with(tmp_path: Path, config: ClusterConfig) -> tuple[ImageStore, Path]
 def test_a_twins_image_is_a_layer_of_its_cloud_on_the_suites_image(control, tmp_path):
     suite = load_config(REPO / "tests" / "integration" / "cluster.yaml")
     store, suite_image = store_with(tmp_path, suite)
-    twin = host.image_config(load_config(REPO / "clusterbake.yaml"), control.IMAGE_FEATURES)
+    # The suite's twins are given the suite's config (tests/suite.py, twintest.twin_environment).
+    twin = host.image_config(suite, control.IMAGE_FEATURES)
     layer = Layer.on_stored_base(twin, store, CLOUD_BOOT_GROUPS)
     cloud = "aws" if control is aws_control else "azure"
     assert layer == Layer(base=suite_image, groups=(cloud,))
@@ -60,7 +61,7 @@ def test_without_a_base_of_the_same_inputs_the_build_is_a_full_one(tmp_path):
     suite = load_config(REPO / "tests" / "integration" / "cluster.yaml")
     other = suite.model_copy(update={"image": suite.image.model_copy(update={"mirror": "http://mirror.example/"})})
     store, _ = store_with(tmp_path, other)
-    twin = host.image_config(load_config(REPO / "clusterbake.yaml"), aws_control.IMAGE_FEATURES)
+    twin = host.image_config(suite, aws_control.IMAGE_FEATURES)
     assert Layer.on_stored_base(twin, store, CLOUD_BOOT_GROUPS) is None
     # Nor is there a layer of groups the config does not have.
     assert Layer.on_stored_base(twin, store, {"azure"}) is None

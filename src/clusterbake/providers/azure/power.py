@@ -7,10 +7,16 @@ identity may do exactly what powering nodes up and down takes, through a custom 
 resource provider operations of a NIC and a VM create and delete (ACTIONS), assignable at the
 cluster's resource group and the groups of its subnet and image, and assigned:
 
-- at the cluster's resource group: the VMs, NICs, OS disks, placement groups and scale sets,
-  and the nodes' identity (`.../userAssignedIdentities/assign/action`: a VM can be given it);
+- at the cluster's resource group: the VMs, NICs, OS disks, placement groups and scale sets;
 - at the subnet (`.../subnets/join/action`: ARM checks it as a linked action of the NIC);
 - at the image, when it is a resource (a managed image or gallery image version).
+
+Giving a VM an identity is a linked action on that identity (`.../userAssignedIdentities/assign/
+action`): the head may give the nodes' identity only, through Microsoft's built-in Managed
+Identity Operator role assigned at that identity alone, never its own (security review finding
+2: a VM it made cannot carry the power role). What RBAC cannot express at the resource group:
+its VM write covers the head's own VM too (Azure has no deny for one resource of a group there;
+only the head's root and SlurmUser reach its token, roles/cloud_boot's metadata guard).
 
 `cluster down` deletes the assignments (rbac.delete_all), then the role definition.
 
@@ -54,7 +60,6 @@ ACTIONS = [
     "Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action",
     "Microsoft.Network/virtualNetworks/subnets/join/action",
     "Microsoft.Network/locations/operations/read",
-    "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action",
 ]
 
 
@@ -127,10 +132,14 @@ def ensure_role(authorization, subscription_id: str, resource_group: str, cluste
     return definition.id
 
 
-def ensure_grants(authorization, subscription_id: str, principal_id: str, role: str, assigned: list[str]) -> int:
-    """The role for the head's identity at each scope; how many assignments this call made."""
+def ensure_grants(
+    authorization, subscription_id: str, principal_id: str, role: str, assigned: list[str], nodes_identity: str
+) -> int:
+    """The role for the head's identity at each scope, and Managed Identity Operator at the nodes'
+    identity (the one a VM it makes may carry); how many assignments this call made."""
     guid = role.rsplit("/", 1)[-1]
-    return sum(rbac.ensure(authorization, subscription_id, scope, principal_id, guid) for scope in assigned)
+    made = sum(rbac.ensure(authorization, subscription_id, scope, principal_id, guid) for scope in assigned)
+    return made + rbac.ensure(authorization, subscription_id, nodes_identity, principal_id, rbac.IDENTITY_OPERATOR)
 
 
 def delete_role(authorization, subscription_id: str, resource_group: str, cluster: str) -> list[str]:

@@ -225,7 +225,7 @@ class AzureProvider(Provider):
         identity = self._ensure_identity()
         blobs.grant(self.clients.authorization, self.config, identity["principal_id"])
         vault_url = self._ensure_vault(identity["principal_id"])
-        head_identity = self._ensure_power(image) if self.powered else None
+        head_identity = self._ensure_power(image, identity["id"]) if self.powered else None
         placement = {}
         for group in self.config.node_groups:
             placement[group.name] = self._ensure_group_placement(group)
@@ -333,8 +333,9 @@ class AzureProvider(Provider):
             ids.append(context["head_identity"]["id"])
         return ids
 
-    def _ensure_power(self, image: str) -> dict:
-        """The head's identity and what it may do (power.py): the custom role and its assignments."""
+    def _ensure_power(self, image: str, nodes_identity: str) -> dict:
+        """The head's identity and what it may do (power.py): the custom role and its assignments, and
+        giving VMs the nodes' identity (`nodes_identity`, its resource id)."""
         head = self._ensure_identity(power.head_identity_name(self.config.cluster_name))
         assignable, assigned = power.scopes(
             self.azure.subscription_id, self.azure.resource_group, self.subnet.id, image
@@ -343,7 +344,9 @@ class AzureProvider(Provider):
         role = power.ensure_role(
             auth, self.azure.subscription_id, self.azure.resource_group, self.config.cluster_name, assignable
         )
-        made = power.ensure_grants(auth, self.azure.subscription_id, head["principal_id"], role, assigned)
+        made = power.ensure_grants(
+            auth, self.azure.subscription_id, head["principal_id"], role, assigned, nodes_identity
+        )
         if made:
             say(f"    head's identity: {made} role assignment(s) to power elastic nodes up and down")
         return head

@@ -9,6 +9,8 @@ assignments of a deleted identity, as "Identity not found", until someone remove
 The roles (Microsoft's built-in role ids, "Azure built-in roles"):
 - Storage Blob Data Contributor / Reader: the nodes' identity on each blob container
   blobfuse2 mounts (blobs.py).
+- Managed Identity Operator: the head's identity on the nodes' identity, the one identity a VM
+  the head's power program makes may carry (power.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from clusterbake.providers.azure.api import error_code
 
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
+IDENTITY_OPERATOR = "f1a07417-d97a-45cb-824c-7a7467783830"
 NAMESPACE = uuid.UUID("3f0c2b9e-7a51-4d8e-b6f2-c1a9e4d07b35")
 
 

@@ -50,6 +50,20 @@ BUILT_IN_ROLES = {
             "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action",
         ],
     },
+    # Identity: what AKS and ARM templates give whatever attaches a user-assigned identity to a resource.
+    "f1a07417-d97a-45cb-824c-7a7467783830": {
+        "roleName": "Managed Identity Operator",
+        "actions": [
+            "Microsoft.ManagedIdentity/userAssignedIdentities/*/read",
+            "Microsoft.ManagedIdentity/userAssignedIdentities/*/assign/action",
+            "Microsoft.Authorization/*/read",
+            "Microsoft.Insights/alertRules/*",
+            "Microsoft.Resources/subscriptions/resourceGroups/read",
+            "Microsoft.Resources/deployments/*",
+            "Microsoft.Support/*",
+        ],
+        "dataActions": [],
+    },
 }
 PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal", "ForeignGroup", "Device")
 
@@ -69,8 +83,12 @@ def _within(scope: str, outer: str) -> bool:
 
 
 def action_matches(pattern: str, action: str) -> bool:
-    """Azure's action wildcards: `*` matches any characters, case-insensitively."""
-    regex = "^" + ".*".join(re.escape(part) for part in pattern.lower().split("*")) + "$"
+    """Azure's action wildcards: `*` matches any characters, case-insensitively, and a `*` segment
+    also none: Managed Identity Operator's `userAssignedIdentities/*/assign/action` is what grants
+    `userAssignedIdentities/assign/action` (Microsoft documents the role for attaching identities)."""
+    parts = [re.escape(part) for part in pattern.lower().split("*")]
+    regex = "^" + ".*".join(parts) + "$"
+    regex = regex.replace("/.*/", "/(?:.*/)?")
     return re.match(regex, action.lower()) is not None
 
 
