@@ -68,9 +68,11 @@ def delete_all(authorization, subscription_id: str, principals: dict[str, str]) 
     removed = []
     scope = f"/subscriptions/{subscription_id}"
     for label, principal_id in sorted(principals.items()):
-        for assignment in authorization.role_assignments.list_for_scope(
-            scope, filter=f"principalId eq '{principal_id}'"
-        ):
+        # Every page first, then the deletions: deleting while paging shifts what the next page holds.
+        assignments = list(
+            authorization.role_assignments.list_for_scope(scope, filter=f"principalId eq '{principal_id}'")
+        )
+        for assignment in assignments:
             authorization.role_assignments.delete_by_id(assignment.id)
             removed.append(f"role assignment of {label} at {assignment.scope}")
     return removed
