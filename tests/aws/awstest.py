@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
 import yaml
-from clitest import run_cli, run_inventory
+from clitest import run_cli, run_inventory, stop_server
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -102,3 +109,56 @@ def live_instances(ec2, cluster: str) -> list[dict]:
 
 def tag_map(resource: dict) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in resource.get("Tags", [])}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
+    """Start tests/aws/moto_ec2_server.py on a free port of 127.0.0.1; stop it at the end."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    # The environment of the code under test (CLI and inventory subprocesses).
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(root),
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    capacity_file = root / "capacity.json"
+    (root / "console").mkdir(exist_ok=True)
+    log_path = root / "moto.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            [sys.executable, str(HERE / "moto_ec2_server.py"), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={
+                **env,
+                "MOTO_CAPACITY_FILE": str(capacity_file),
+                "MOTO_CONSOLE_DIR": str(root / "console"),
+                **server_env,
+            },
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"moto server did not start: {log_path.read_text()}") from None
+                    time.sleep(0.1)
+            yield Moto(url, capacity_file, env, root / "console")
+        finally:
+            stop_server(server)

@@ -25,9 +25,9 @@ import json
 import boto3
 import botocore.session
 import pytest
+from awstest import moto_server
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
-from conftest import moto_server
 
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.providers.aws import api, iam, secrets
