@@ -1096,6 +1096,13 @@ class AzureConfig(Strict):
         description="Resource group of the cluster's resources; created (tagged clusterbake-cluster) when missing, "
         "and deleted by `cluster down` only if clusterbake created it.",
     )
+    nodes_resource_group: str | None = Field(
+        None,
+        pattern=RESOURCE_GROUP_PATTERN,
+        description="Resource group of the compute nodes' VMs, NICs and placement groups, the only group the "
+        "head's power identity may write in (never the head's own VM); created and deleted with the cluster; "
+        "default: <resource_group>-<cluster>-nodes.",
+    )
     subnet_id: str | None = Field(
         None,
         pattern=SUBNET_ID_PATTERN,
@@ -1151,6 +1158,15 @@ class AzureConfig(Strict):
             parts = self.subnet_id.split("/")
             return parts[4], parts[8], parts[10]
         return self.vnet_resource_group or self.resource_group, self.vnet_name, self.subnet_name
+
+    @model_validator(mode="after")
+    def _nodes_group_of_their_own(self):
+        if self.nodes_resource_group and self.nodes_resource_group.lower() == self.resource_group.lower():
+            raise ValueError(
+                "azure.nodes_resource_group must differ from azure.resource_group: the head's power identity "
+                "may write every VM there, and the head's must not be one of them (leave it unset for the default)"
+            )
+        return self
 
     @property
     def subnet_field(self) -> str:

@@ -60,6 +60,7 @@ def _assert_nothing_left(twin, config):
     state = twin.state()
     assert twin.resources_of(CLUSTER) == []
     assert config["azure"]["resource_group"].lower() not in state["groups"]
+    assert f"{config['azure']['resource_group']}-{CLUSTER}-nodes".lower() not in state["groups"]
     assert state["deleted_vaults"] == {}
     assert not [k for k in state["resources"] if "/microsoft.compute/disks/" in k]
     # The existing network is not the cluster's: it stays.
@@ -111,6 +112,32 @@ def test_down_keeps_a_resource_group_it_did_not_create(own_twin, tmp_path):
     state = twin.state()
     assert "shared-rg" in state["groups"]
     assert twin.resources_of(CLUSTER) == [] and state["deleted_vaults"] == {}
+
+
+def test_a_nodes_group_clusterbake_did_not_create_is_refused_before_anything_is_made(own_twin, tmp_path):
+    """The head's power identity may write every VM of the compute nodes' group: one that holds someone
+    else's VMs (or could) is refused, by the field that names it, before any resource is created."""
+    twin = own_twin
+    status, _, _ = twin.request(
+        "PUT",
+        f"/subscriptions/{twin.subscription}/resourceGroups/team-vms?api-version=2024-07-01",
+        {"location": "eastus"},
+        twin.token(),
+    )
+    assert status == 201
+    config = example_config(twin, cluster_name=CLUSTER)
+    config["azure"] |= {"resource_group": f"{CLUSTER}-rg", "nodes_resource_group": "team-vms"}
+    result = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only", check=False)
+    assert result.returncode != 0
+    assert (
+        "azure.nodes_resource_group: resource group team-vms (the compute nodes') exists but clusterbake did not "
+        "create it" in result.stderr
+    ), result.stderr
+    assert "Traceback" not in result.stderr
+    assert twin.resources_of(CLUSTER) == [] and f"{CLUSTER}-rg" not in twin.state()["groups"]
+    config["azure"]["nodes_resource_group"] = f"{CLUSTER}-rg"
+    same = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only", check=False)
+    assert same.returncode != 0 and "azure.nodes_resource_group must differ from azure.resource_group" in same.stderr
 
 
 def test_addresses_other_nics_hold_are_skipped(own_twin, tmp_path):

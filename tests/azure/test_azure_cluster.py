@@ -22,6 +22,7 @@ from azuretest import LOCATION, REPO, SUBNET_PREFIX, example_config, inventory, 
 pytestmark = needs_sdk
 CLUSTER = "ndv5demo"
 RG = "ndv5demo-rg"
+NODES_RG = f"{RG}-{CLUSTER}-nodes"  # the compute nodes' own group (security review finding 2)
 H100 = "Standard_ND96isr_H100_v5"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
@@ -271,7 +272,7 @@ def test_a_nodes_host_keys_are_pinned_from_its_boot_diagnostics_before_anything_
 
     # The log is readable only by the SAS URI ARM handed out, as managed storage's blobs are.
     data = provider.clients.compute.virtual_machines.retrieve_boot_diagnostics_data(
-        provider.azure.resource_group, vms["gpu-1"]["name"], sas_uri_expiration_time_in_minutes=5
+        provider.nodes_group, vms["gpu-1"]["name"], sas_uri_expiration_time_in_minutes=5
     )
     assert requests.get(data.serial_console_log_blob_uri, timeout=30).text.count(key) == 1
     forged = data.serial_console_log_blob_uri.replace(
@@ -363,7 +364,7 @@ def test_status_reads_power_from_the_instance_view(twin, ndv5, monkeypatch):
 
 def _vm_action(twin, name: str, action: str) -> None:
     path = (
-        f"/subscriptions/{twin.subscription}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines/"
+        f"/subscriptions/{twin.subscription}/resourceGroups/{NODES_RG}/providers/Microsoft.Compute/virtualMachines/"
         f"{CLUSTER}-{name}/{action}?api-version=2024-07-01"
     )
     status, body, _ = twin.request("POST", path, token=twin.token())
@@ -372,7 +373,7 @@ def _vm_action(twin, name: str, action: str) -> None:
 
 def _power(twin, name: str) -> str:
     path = (
-        f"/subscriptions/{twin.subscription}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines/"
+        f"/subscriptions/{twin.subscription}/resourceGroups/{NODES_RG}/providers/Microsoft.Compute/virtualMachines/"
         f"{CLUSTER}-{name}/instanceView?api-version=2024-07-01"
     )
     _, view, _ = twin.request("GET", path, token=twin.token())

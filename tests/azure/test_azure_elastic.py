@@ -9,6 +9,7 @@ No nodes boot here (tests/twin/test_azure_elastic.py runs the same on a cluster 
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import urllib.error
@@ -100,12 +101,20 @@ def test_a_custom_role_with_just_what_powering_nodes_takes(elastic):
     assert props["permissions"][0]["actions"] == power.ACTIONS
     subnet_group = f"/subscriptions/{twin.subscription}/resourceGroups/{NET_GROUP}"
     cluster_group = f"/subscriptions/{twin.subscription}/resourceGroups/{CLUSTER}-rg"
-    assert sorted(s.lower() for s in props["assignableScopes"]) == sorted([cluster_group.lower(), subnet_group.lower()])
+    nodes_group = f"{cluster_group}-{CLUSTER}-nodes"
+    assert sorted(s.lower() for s in props["assignableScopes"]) == sorted(
+        g.lower() for g in (cluster_group, nodes_group, subnet_group)
+    )
     grants = _assignments(twin, _identity(twin, "head")["properties"]["principalId"])
     role_of = {a["properties"]["scope"].lower(): a["properties"]["roleDefinitionId"].rsplit("/", 1)[-1] for a in grants}
     subnet = f"{subnet_group}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/nodes"
+    security_groups = [
+        f"{cluster_group}/providers/Microsoft.Network/{kind}/clusterbake-{CLUSTER}"
+        for kind in ("networkSecurityGroups", "applicationSecurityGroups")
+    ]
     nodes_identity = _identity(twin, "nodes")["id"].lower()
-    assert sorted(role_of) == sorted([cluster_group.lower(), subnet.lower(), nodes_identity])
+    # The power role at the compute nodes' group and what their NICs join, never at the head's group.
+    assert sorted(role_of) == sorted(s.lower() for s in [nodes_group, subnet, *security_groups, nodes_identity])
     # Giving a VM an identity: the nodes' only, by Microsoft's built-in Managed Identity Operator there.
     assert "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action" not in power.ACTIONS
     assert role_of[nodes_identity] == "f1a07417-d97a-45cb-824c-7a7467783830"
@@ -135,6 +144,28 @@ def test_rerun_grants_nothing_new(elastic):
     again = run_cb(twin, elastic["state_dir"], elastic["config"], "cluster", "up", "--provision-only")
     assert "role assignment" not in again.stdout + again.stderr
     assert sorted(_state(twin)["role_assignments"]) == before
+
+
+def test_a_grant_of_the_old_layout_at_the_clusters_group_is_removed(elastic):
+    """Clusters made before the compute nodes had their own group had the power role at the whole cluster's
+    group (the head's VM in it): a `cluster up` removes that grant."""
+    twin = elastic["twin"]
+    (role_id,) = _state(twin)["role_definitions"]
+    principal = _identity(twin, "head")["properties"]["principalId"]
+    cluster_group = f"/subscriptions/{twin.subscription}/resourceGroups/{CLUSTER}-rg"
+    definition = f"/subscriptions/{twin.subscription}/providers/Microsoft.Authorization/roleDefinitions/"
+    status, body, _ = twin.request(
+        "PUT",
+        f"{cluster_group}/providers/Microsoft.Authorization/roleAssignments/00000000-0000-4000-8000-0000000000aa"
+        "?api-version=2022-04-01",
+        {"properties": {"roleDefinitionId": definition + role_id.rsplit("/", 1)[-1], "principalId": principal}},
+        token=twin.token(),
+    )
+    assert status == 201, body
+    assert cluster_group.lower() in {a["properties"]["scope"].lower() for a in _assignments(twin, principal)}
+    again = run_cb(twin, elastic["state_dir"], elastic["config"], "cluster", "up", "--provision-only")
+    assert "1 role assignment(s) made or removed" in again.stderr, again.stdout + again.stderr
+    assert cluster_group.lower() not in {a["properties"]["scope"].lower() for a in _assignments(twin, principal)}
 
 
 # --- the head's power program against the twin's ARM, with the head's identity -------------------------
@@ -183,10 +214,27 @@ def test_the_program_makes_and_deletes_a_node_with_the_heads_identity(elastic, t
     assert vm["properties"]["osProfile"]["computerName"] == "cpu-2"
     nic = next(r for r in twin.state()["resources"].values() if r["name"] == f"{CLUSTER}-cpu-2-nic")
     assert nic["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] == address
-    assert backend.running() >= {"cpu-2", "head", "cpu-1"}
+    assert backend.running() == {"cpu-2", "cpu-1"}  # the compute nodes' group: the head is not the program's
     assert backend.power("stop", ["cpu-2"]) == {"cpu-2": "ok"}
     assert _vm(twin, "cpu-2") is None
     assert not any(r["name"] == f"{CLUSTER}-cpu-2-nic" for r in twin.state()["resources"].values())
+
+
+def test_the_heads_identity_cannot_rewrite_or_delete_the_heads_own_vm(elastic, tmp_path, monkeypatch):
+    """Security review finding 2: the power role was assigned at the cluster's resource group, so the head's
+    identity (which the head's SlurmUser reaches) could PATCH the head's own VM with userData that grants
+    root at its next boot, or delete it. Compute nodes now have a group of their own, the role's only group."""
+    twin = elastic["twin"]
+    module, backend = _program_backend(elastic, tmp_path, monkeypatch)
+    head_vm = _vm(twin, "head")
+    url = f"{twin.url}{head_vm['id']}?api-version=2024-07-01"
+    rootkit = {"properties": {"userData": base64.b64encode(b"#!/bin/sh\necho pwned").decode()}}
+    for method, body in (("PATCH", rootkit), ("DELETE", None)):
+        with pytest.raises(module.AzureError) as refused:
+            backend.call(method, url, body)
+        assert refused.value.code == "AuthorizationFailed", refused.value
+        assert f"over scope '{head_vm['id']}'" in refused.value.message
+    assert _vm(twin, "head")["properties"].get("userData") == head_vm["properties"].get("userData")
 
 
 def test_the_head_cannot_give_a_vm_its_own_identity(elastic, tmp_path, monkeypatch):

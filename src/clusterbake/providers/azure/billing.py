@@ -6,7 +6,7 @@ deallocated VM stops billing compute), each at its priority's price (prices.py: 
 or Spot for priority Spot/Low; unknown prices stay unknown). Managed disks, Azure Files, Managed
 Lustre and Blob Storage, Key Vault and data transfer are not included, and the estimate says so.
 
-`leftovers`: read-only, after `cluster down`: everything in azure.resource_group still tagged
+`leftovers`: read-only, after `cluster down`: everything in the cluster's two resource groups still tagged
 clusterbake-cluster=<cluster> (VMs, disks, NICs, file systems, storage accounts, ...) and the
 untagged OS disks named for the cluster's VMs; storage an entry keeps on purpose (`retain`,
 tag clusterbake-retain) is listed as kept. A resource group that is gone holds nothing. What
@@ -76,23 +76,24 @@ def estimate(vms: dict[str, dict], price: Callable[[str, bool], Price]) -> CostE
     return CostEstimate(machines=machines, not_included=list(NOT_INCLUDED), note="; ".join(notes))
 
 
-def leftovers(resources_client, compute, resource_group: str, cluster: str) -> BillingCheck:
-    """What of `cluster` still bills in `resource_group` (read-only)."""
+def leftovers(resources_client, compute, resource_groups: list[str], cluster: str) -> BillingCheck:
+    """What of `cluster` still bills in `resource_groups` (read-only)."""
     from azure.core.exceptions import HttpResponseError
 
     check = BillingCheck()
-    try:
-        if get_or_none(resources_client.resource_groups.get, resource_group) is None:
-            return check
-        found = list(resources_client.resources.list_by_resource_group(resource_group, filter=tags.tag_filter(cluster)))
-        disks = [
-            d
-            for d in compute.disks.list_by_resource_group(resource_group)
-            if d.name.startswith(f"{cluster}-") and not (d.tags or {}).get(tags.CLUSTER)
-        ]
-    except HttpResponseError as exc:
-        check.unchecked.append(f"the resources of {resource_group} ({message(exc)})")
-        return check
+    found, disks = [], []
+    for resource_group in resource_groups:
+        try:
+            if get_or_none(resources_client.resource_groups.get, resource_group) is None:
+                continue
+            found += resources_client.resources.list_by_resource_group(resource_group, filter=tags.tag_filter(cluster))
+            disks += [
+                d
+                for d in compute.disks.list_by_resource_group(resource_group)
+                if d.name.startswith(f"{cluster}-") and not (d.tags or {}).get(tags.CLUSTER)
+            ]
+        except HttpResponseError as exc:
+            check.unchecked.append(f"the resources of {resource_group} ({message(exc)})")
     for resource in sorted(found, key=lambda r: (r.type.lower(), r.name)):
         if resource.type.lower() in FREE:
             continue

@@ -5,18 +5,20 @@ nodes' (the VM has both; the program asks IMDS for this one's token by its clien
 identity may do exactly what powering nodes up and down takes, through a custom role
 `clusterbake-power-<cluster>-<8 hex>` (role names are unique per tenant) whose actions are the
 resource provider operations of a NIC and a VM create and delete (ACTIONS), assignable at the
-cluster's resource group and the groups of its subnet and image, and assigned:
+cluster's resource groups and the groups of its subnet and image, and assigned:
 
-- at the cluster's resource group: the VMs, NICs, OS disks, placement groups and scale sets;
-- at the subnet (`.../subnets/join/action`: ARM checks it as a linked action of the NIC);
+- at the compute nodes' resource group (resources.nodes_group_name): their VMs, NICs, OS disks,
+  placement groups and scale sets, and nothing else: the head's VM is in azure.resource_group,
+  so the power identity cannot rewrite it (security review finding 2);
+- at the subnet, the network security group and the application security group a NIC joins
+  (`.../join/action`: ARM checks them as linked actions of the NIC);
 - at the image, when it is a resource (a managed image or gallery image version).
 
 Giving a VM an identity is a linked action on that identity (`.../userAssignedIdentities/assign/
 action`): the head may give the nodes' identity only, through Microsoft's built-in Managed
 Identity Operator role assigned at that identity alone, never its own (security review finding
-2: a VM it made cannot carry the power role). What RBAC cannot express at the resource group:
-its VM write covers the head's own VM too (Azure has no deny for one resource of a group there;
-only the head's root and SlurmUser reach its token, roles/cloud_boot's metadata guard).
+2: a VM it made cannot carry the power role). Only the head's root and SlurmUser reach its token
+(roles/cloud_boot's metadata guard).
 
 `cluster down` deletes the assignments (rbac.delete_all), then the role definition.
 
@@ -85,14 +87,13 @@ def group_scope(resource_id: str) -> str:
     return "/".join(resource_id.split("/")[:5])
 
 
-def scopes(subscription_id: str, resource_group: str, subnet_id: str, image: str) -> tuple[list[str], list[str]]:
-    """(assignable scopes of the role, scopes it is assigned at)."""
-    cluster_group = f"/subscriptions/{subscription_id}/resourceGroups/{resource_group}"
-    assigned = [cluster_group, subnet_id]
+def scopes(subscription_id: str, nodes_group: str, joined: list[str], image: str) -> tuple[list[str], list[str]]:
+    """(assignable scopes of the role, scopes it is assigned at): the compute nodes' resource group,
+    what a NIC joins (`joined`: the subnet and security groups, by resource id) and the image."""
+    assigned = [f"/subscriptions/{subscription_id}/resourceGroups/{nodes_group}", *joined]
     if image.startswith("/"):
         assigned.append(image)
-    assignable = sorted({cluster_group.lower(): cluster_group, **{group_scope(s).lower(): group_scope(s) for s in
-                         assigned}}.values())  # fmt: skip
+    assignable = sorted({group_scope(s).lower(): group_scope(s) for s in assigned}.values())
     return assignable, assigned
 
 
@@ -135,10 +136,12 @@ def ensure_role(authorization, subscription_id: str, resource_group: str, cluste
 def ensure_grants(
     authorization, subscription_id: str, principal_id: str, role: str, assigned: list[str], nodes_identity: str
 ) -> int:
-    """The role for the head's identity at each scope, and Managed Identity Operator at the nodes'
-    identity (the one a VM it makes may carry); how many assignments this call made."""
+    """The role for the head's identity at each scope (and nowhere else: a grant of an older layout, at the
+    whole cluster's group, goes), and Managed Identity Operator at the nodes' identity (the one a VM it
+    makes may carry); how many assignments this call made or removed."""
     guid = role.rsplit("/", 1)[-1]
     made = sum(rbac.ensure(authorization, subscription_id, scope, principal_id, guid) for scope in assigned)
+    made += rbac.prune(authorization, subscription_id, principal_id, guid, assigned)
     return made + rbac.ensure(authorization, subscription_id, nodes_identity, principal_id, rbac.IDENTITY_OPERATOR)
 
 
@@ -157,12 +160,13 @@ def delete_role(authorization, subscription_id: str, resource_group: str, cluste
     return [f"role definition {role_name(subscription_id, resource_group, cluster)}"]
 
 
-def power_vars(*, config, head_client_id: str, name_placeholder: str, groups: dict) -> dict:
+def power_vars(*, config, nodes_group: str, head_client_id: str, name_placeholder: str, groups: dict) -> dict:
+    """The program creates and deletes VMs and NICs in `nodes_group` (the compute nodes' resource group)."""
     azure = config.azure
     return {
         "arm_endpoint": arm_endpoint(),
         "subscription_id": azure.subscription_id,
-        "resource_group": azure.resource_group,
+        "resource_group": nodes_group,
         "cluster": config.cluster_name,
         "identity_client_id": head_client_id,
         "name_placeholder": name_placeholder,

@@ -1,12 +1,13 @@
 """The azure provider: VMs in an existing virtual network and subnet, found again by their tags.
 
-Everything is in azure.resource_group and tagged clusterbake-cluster=<cluster> (resources.py
-lists what and why). `cluster up` checks first (checks.py, read-only), then creates what is
-missing: a re-run creates nothing. Each node group's VMs are created together; if any of
-them fails (AllocationFailed, SkuNotAvailable, quota) the group's new VMs are deleted again
-and the error names the size, zone and count. `cluster down` deletes every tagged resource
-(and purges the soft-deleted vault, and the resource group when clusterbake created it).
-"""
+The compute nodes' VMs, NICs and placement are in a resource group of their own (the only one
+the head's power identity may write in), everything else in azure.resource_group; all of it
+tagged clusterbake-cluster=<cluster> (resources.py lists what and why). `cluster up` checks
+first (checks.py, read-only), then creates what is missing: a re-run creates nothing. Each node
+group's VMs are created together; if any of them fails (AllocationFailed, SkuNotAvailable,
+quota) the group's new VMs are deleted again and the error names the size, zone and count.
+`cluster down` deletes every tagged resource (and purges the soft-deleted vault, and the
+resource groups clusterbake created)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,17 @@ class AzureProvider(Provider):
         return True if group.placement_group is None else group.placement_group
 
     @property
+    def nodes_group(self) -> str:
+        """The compute nodes' resource group (resources.nodes_group_name)."""
+        return resources.nodes_group_name(
+            self.config.cluster_name, self.azure.resource_group, self.azure.nodes_resource_group
+        )
+
+    def _group_of(self, nodegroup: str) -> str:
+        """Where a node group's VMs and NICs are: the head's in azure.resource_group, compute nodes' in theirs."""
+        return self.azure.resource_group if nodegroup == "head" else self.nodes_group
+
+    @property
     def vault_name(self) -> str:
         return self.azure.key_vault_name or resources.vault_name(
             self.config.cluster_name, self.azure.subscription_id, self.azure.resource_group
@@ -149,39 +161,45 @@ class AzureProvider(Provider):
     # --- discovery ------------------------------------------------------------------------
 
     def cluster_vms(self, power: bool = False) -> dict[str, dict]:
-        """The cluster's VMs by node name (tag clusterbake-name), paged listing of the resource group;
-        with `power` each one's power state from its instance view."""
+        """The cluster's VMs by node name (tag clusterbake-name), paged listings of both resource groups
+        (`group`: the VM's); with `power` each one's power state from its instance view."""
         cluster = self.config.cluster_name
-        group = get_or_none(self.clients.resources.resource_groups.get, self.azure.resource_group)
-        if group is None:
-            return {}
         found: dict[str, dict] = {}
-        for vm in self.clients.compute.virtual_machines.list(self.azure.resource_group):
-            vm_tags = vm.tags or {}
-            if vm_tags.get(tags.CLUSTER) != cluster or not vm_tags.get(tags.NAME):
-                continue
-            found[vm_tags[tags.NAME]] = {
-                "id": vm.id,
-                "name": vm.name,
-                "size": vm.hardware_profile.vm_size,
-                "priority": vm.priority,
-                "zone": (vm.zones or [None])[0],
-                "state": vm.provisioning_state,
-                "placement_group": vm.proximity_placement_group.id if vm.proximity_placement_group else None,
-                "scale_set": vm.virtual_machine_scale_set.id if vm.virtual_machine_scale_set else None,
-                "nic": vm.network_profile.network_interfaces[0].id,
-            }
+        for rg in self._groups():
+            for vm in self.clients.compute.virtual_machines.list(rg):
+                vm_tags = vm.tags or {}
+                if vm_tags.get(tags.CLUSTER) != cluster or not vm_tags.get(tags.NAME):
+                    continue
+                found[vm_tags[tags.NAME]] = self._vm_record(vm, rg)
         for name, vm in found.items():
-            nic = get_or_none(
-                self.clients.network.network_interfaces.get, self.azure.resource_group, vm["nic"].rsplit("/", 1)[-1]
-            )
+            nic = get_or_none(self.clients.network.network_interfaces.get, vm["group"], vm["nic"].rsplit("/", 1)[-1])
             vm["address"] = nic.ip_configurations[0].private_ip_address if nic else None
             if power:
-                view = self.clients.compute.virtual_machines.instance_view(self.azure.resource_group, vm["name"])
+                view = self.clients.compute.virtual_machines.instance_view(vm["group"], vm["name"])
                 codes = [s.code for s in view.statuses or []]
                 vm["power"] = next((c.split("/", 1)[1] for c in codes if c.startswith("PowerState/")), "unknown")
                 found[name] = vm
         return found
+
+    def _groups(self) -> list[str]:
+        """The cluster's resource groups that exist: the compute nodes' first (`cluster down`'s order)."""
+        get = self.clients.resources.resource_groups.get
+        return [rg for rg in (self.nodes_group, self.azure.resource_group) if get_or_none(get, rg) is not None]
+
+    @staticmethod
+    def _vm_record(vm, rg: str) -> dict:
+        return {
+            "group": rg,
+            "id": vm.id,
+            "name": vm.name,
+            "size": vm.hardware_profile.vm_size,
+            "priority": vm.priority,
+            "zone": (vm.zones or [None])[0],
+            "state": vm.provisioning_state,
+            "placement_group": vm.proximity_placement_group.id if vm.proximity_placement_group else None,
+            "scale_set": vm.virtual_machine_scale_set.id if vm.virtual_machine_scale_set else None,
+            "nic": vm.network_profile.network_interfaces[0].id,
+        }
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -194,6 +212,7 @@ class AzureProvider(Provider):
         """Subnet, VM sizes (location, zone, restrictions, InfiniBand, spot), quota, room in the subnet:
         read-only calls."""
         self._subnet = checks.check_subnet(self.clients.network, self.config)
+        self._check_nodes_group()
         storage.check_service_endpoint(self._subnet, self.config)
         blobs.check_existing(self.clients.storage, self.config)
         amlfs.check(self.clients.storagecache, self.config, self._subnet.id)
@@ -225,7 +244,7 @@ class AzureProvider(Provider):
         identity = self._ensure_identity()
         blobs.grant(self.clients.authorization, self.config, identity["principal_id"])
         vault_url = self._ensure_vault(identity["principal_id"])
-        head_identity = self._ensure_power(image, identity["id"]) if self.powered else None
+        head_identity = self._ensure_power(image, identity["id"], [nsg_id, asg_id]) if self.powered else None
         placement = {}
         for group in self.config.node_groups:
             placement[group.name] = self._ensure_group_placement(group)
@@ -264,12 +283,30 @@ class AzureProvider(Provider):
         self._write_state(image, addresses, vault_url, identity, head_identity)
         if failures:
             raise ClusterbakeError("\n".join(failures))
-        say(f"    {len(static)} nodes provisioned in {rg}")
+        say(f"    {len(static)} nodes provisioned in {rg} (the head) and {self.nodes_group}")
         if len(planned) > len(static):
             say(f"    {len(planned) - len(static)} elastic node(s) powered up by Slurm for jobs")
 
     def _ensure_group(self) -> None:
-        rg = self.azure.resource_group
+        for rg in (self.azure.resource_group, self.nodes_group):
+            self._ensure_one_group(rg)
+
+    def _created_by_us(self, group) -> bool:
+        group_tags = group.tags or {}
+        return group_tags.get(tags.CREATED_GROUP) == "true" and group_tags.get(tags.CLUSTER) == self.config.cluster_name
+
+    def _check_nodes_group(self) -> None:
+        """The compute nodes' group is the cluster's alone: the head's power identity may write every VM there."""
+        found = get_or_none(self.clients.resources.resource_groups.get, self.nodes_group)
+        if found is not None and not self._created_by_us(found):
+            field = "azure.nodes_resource_group" if self.azure.nodes_resource_group else "azure.resource_group"
+            raise ConfigError(
+                f"{field}: resource group {self.nodes_group} (the compute nodes') exists but clusterbake did not "
+                f"create it for cluster {self.config.cluster_name}, and the head's power identity may write every "
+                "VM there. Set azure.nodes_resource_group to a group that does not exist yet"
+            )
+
+    def _ensure_one_group(self, rg: str) -> None:
         api = self.clients.resources.resource_groups
         found = get_or_none(api.get, rg)
         if found is None:
@@ -333,12 +370,12 @@ class AzureProvider(Provider):
             ids.append(context["head_identity"]["id"])
         return ids
 
-    def _ensure_power(self, image: str, nodes_identity: str) -> dict:
+    def _ensure_power(self, image: str, nodes_identity: str, security_groups: list[str]) -> dict:
         """The head's identity and what it may do (power.py): the custom role and its assignments, and
-        giving VMs the nodes' identity (`nodes_identity`, its resource id)."""
+        giving VMs the nodes' identity (`nodes_identity`, its resource id); a NIC joins `security_groups`."""
         head = self._ensure_identity(power.head_identity_name(self.config.cluster_name))
         assignable, assigned = power.scopes(
-            self.azure.subscription_id, self.azure.resource_group, self.subnet.id, image
+            self.azure.subscription_id, self.nodes_group, [self.subnet.id, *security_groups], image
         )
         auth = self.clients.authorization
         role = power.ensure_role(
@@ -348,7 +385,7 @@ class AzureProvider(Provider):
             auth, self.azure.subscription_id, head["principal_id"], role, assigned, nodes_identity
         )
         if made:
-            say(f"    head's identity: {made} role assignment(s) to power elastic nodes up and down")
+            say(f"    head's identity: {made} role assignment(s) made or removed to power nodes up and down")
         return head
 
     def _ensure_head_identities(self, head_vm: dict, identity: dict, head_identity: dict) -> None:
@@ -445,7 +482,9 @@ class AzureProvider(Provider):
                 "properties": {"proximityPlacementGroupType": "Standard", "intent": {"vmSizes": group.types}},
                 **zone,
             }
-            found, created = self._find_or_create(self.clients.compute.proximity_placement_groups, name, body)
+            found, created = self._find_or_create(
+                self.clients.compute.proximity_placement_groups, name, body, group=self.nodes_group
+            )
             if created:
                 say(f"    proximity placement group {name} created")
             result["placement_group"] = found.id
@@ -460,22 +499,23 @@ class AzureProvider(Provider):
                 **zone,
             }
             found, created = self._find_or_create(
-                self.clients.compute.virtual_machine_scale_sets, name, body, poll=True
+                self.clients.compute.virtual_machine_scale_sets, name, body, poll=True, group=self.nodes_group
             )
             if created:
                 say(f"    scale set {name} created (Flexible; one InfiniBand fabric for the group)")
             result["scale_set"] = found.id
         return result
 
-    def _find_or_create(self, api, name: str, body: dict, poll: bool = False) -> tuple:
-        """(resource, created): `name` in the resource group, else created from `body` (with
-        begin_create_or_update and its poller's result when `poll`)."""
-        found = get_or_none(api.get, self.azure.resource_group, name)
+    def _find_or_create(self, api, name: str, body: dict, poll: bool = False, group: str | None = None) -> tuple:
+        """(resource, created): `name` in `group` (default azure.resource_group), else created from `body`
+        (with begin_create_or_update and its poller's result when `poll`)."""
+        rg = group or self.azure.resource_group
+        found = get_or_none(api.get, rg, name)
         if found is not None:
             return found, False
         if poll:
-            return api.begin_create_or_update(self.azure.resource_group, name, body).result(), True
-        return api.create_or_update(self.azure.resource_group, name, body), True
+            return api.begin_create_or_update(rg, name, body).result(), True
+        return api.create_or_update(rg, name, body), True
 
     def _owned(self, resource_tags: dict | None, what: str) -> None:
         if (resource_tags or {}).get(tags.CLUSTER) != self.config.cluster_name:
@@ -499,7 +539,7 @@ class AzureProvider(Provider):
     ) -> None:
         """Create the group's missing VMs together; all or nothing: a failure deletes what this call created."""
         cluster = self.config.cluster_name
-        rg = self.azure.resource_group
+        rg = self._group_of(nodegroup)
         group = self._group(nodegroup)
         size = self._size(nodes[0])
         zone_text = f" zone {self.azure.zone}" if self.azure.zone else ""
@@ -583,9 +623,7 @@ class AzureProvider(Provider):
         if not stopped:
             return
         say(f"    starting {len(stopped)} stopped VM(s)")
-        pollers = [
-            self.clients.compute.virtual_machines.begin_start(self.azure.resource_group, vm["name"]) for vm in stopped
-        ]
+        pollers = [self.clients.compute.virtual_machines.begin_start(vm["group"], vm["name"]) for vm in stopped]
         for poller in pollers:
             poller.result()
 
@@ -606,6 +644,7 @@ class AzureProvider(Provider):
                 "location": self.azure.location,
                 "zone": self.azure.zone,
                 "resource_group": self.azure.resource_group,
+                "nodes_resource_group": self.nodes_group,
                 "key_vault": vault_url,
                 "identity": identity,
                 "head_identity": head_identity,
@@ -659,7 +698,7 @@ class AzureProvider(Provider):
         if vm is None:
             raise ClusterbakeError(f"node {name} has no VM; `clusterbake cluster up` creates it")
         if vm.get("power") not in ("running", "starting"):
-            self.clients.compute.virtual_machines.begin_start(self.azure.resource_group, vm["name"]).result()
+            self.clients.compute.virtual_machines.begin_start(vm["group"], vm["name"]).result()
 
     @azure_errors
     def stop_node(self, name: str) -> None:
@@ -669,45 +708,26 @@ class AzureProvider(Provider):
             return
         self.tell_slurm_down(name, "stopped by clusterbake node stop")
         # Deallocate: a stopped (powered off) VM still bills its compute.
-        self.clients.compute.virtual_machines.begin_deallocate(self.azure.resource_group, vm["name"]).result()
+        self.clients.compute.virtual_machines.begin_deallocate(vm["group"], vm["name"]).result()
 
     @azure_errors
     def destroy(self) -> list[str]:
-        """Delete every resource tagged clusterbake-cluster=<cluster> (VMs first), purge the vault, and the
-        resource group when clusterbake created it and nothing else is left in it."""
+        """Delete every resource tagged clusterbake-cluster=<cluster>: first the head identity's grants,
+        then the compute nodes' group, then the rest (VMs first in each), purge the vault, and delete each
+        resource group clusterbake created once nothing else is left in it."""
         cluster = self.config.cluster_name
-        rg = self.azure.resource_group
         removed: list[str] = []
-        api = self.clients.resources
-        group = get_or_none(api.resource_groups.get, rg)
-        if group is not None:
-            found = list(api.resources.list_by_resource_group(rg, filter=tags.tag_filter(cluster)))
-            # OS disks carry no tags: those of the cluster's VMs that were kept (deleteOption Detach).
-            prefix = f"{cluster}-"
-            disks = [d for d in self.clients.compute.disks.list_by_resource_group(rg) if d.name.startswith(prefix)]
-            by_type: dict[str, list] = {}
-            for resource in found:
-                if tags.retained(resource):
-                    say(f"    keeping {resource.name}: its storage entry says retain")
-                    continue
-                by_type.setdefault(resource.type, []).append(resource)
-            by_type.setdefault("Microsoft.Compute/disks", []).extend(d for d in disks if not d.managed_by)
-            identities = by_type.get("Microsoft.ManagedIdentity/userAssignedIdentities", [])
-            removed += self._delete_role_assignments(identities)
-            removed += power.delete_role(self.clients.authorization, self.azure.subscription_id, rg, cluster)
-            for kind in DELETE_ORDER:
-                items = by_type.pop(kind, [])
-                if items:
-                    removed += self._delete_all(kind, items)
-            for kind, items in by_type.items():
-                removed += self._delete_all(kind, items)
-            left = list(api.resources.list_by_resource_group(rg))
-            if (group.tags or {}).get(tags.CREATED_GROUP) == "true" and (group.tags or {}).get(tags.CLUSTER) == cluster:
-                if left:
-                    say(f"    keeping resource group {rg}: it holds {len(left)} resource(s) clusterbake did not create")
-                else:
-                    api.resource_groups.begin_delete(rg).result()
-                    removed.append(f"resource group {rg}")
+        identities = [
+            item
+            for item in self._tagged(self.azure.resource_group)
+            if item.type == "Microsoft.ManagedIdentity/userAssignedIdentities"
+        ]
+        removed += self._delete_role_assignments(identities)
+        removed += power.delete_role(
+            self.clients.authorization, self.azure.subscription_id, self.azure.resource_group, cluster
+        )
+        for rg in self._groups():
+            removed += self._destroy_group(rg)
         deleted = get_or_none(self.clients.keyvault.vaults.get_deleted, self.vault_name, self.azure.location)
         if deleted is not None:
             self.clients.keyvault.vaults.begin_purge_deleted(self.vault_name, self.azure.location).result()
@@ -715,6 +735,44 @@ class AzureProvider(Provider):
         if self.cluster.root.exists():
             shutil.rmtree(self.cluster.root)
             removed.append(f"state {self.cluster.root}")
+        return removed
+
+    def _tagged(self, rg: str) -> list:
+        """The cluster's tagged resources in `rg` (none when the group does not exist)."""
+        api = self.clients.resources
+        if get_or_none(api.resource_groups.get, rg) is None:
+            return []
+        return list(api.resources.list_by_resource_group(rg, filter=tags.tag_filter(self.config.cluster_name)))
+
+    def _destroy_group(self, rg: str) -> list[str]:
+        """The cluster's resources in `rg` in DELETE_ORDER, then the group itself when clusterbake created it
+        for this cluster and nothing else is in it."""
+        api = self.clients.resources
+        removed: list[str] = []
+        # OS disks carry no tags: those of the cluster's VMs that were kept (deleteOption Detach).
+        prefix = f"{self.config.cluster_name}-"
+        disks = [d for d in self.clients.compute.disks.list_by_resource_group(rg) if d.name.startswith(prefix)]
+        by_type: dict[str, list] = {}
+        for resource in self._tagged(rg):
+            if tags.retained(resource):
+                say(f"    keeping {resource.name}: its storage entry says retain")
+                continue
+            by_type.setdefault(resource.type, []).append(resource)
+        by_type.setdefault("Microsoft.Compute/disks", []).extend(d for d in disks if not d.managed_by)
+        for kind in DELETE_ORDER:
+            items = by_type.pop(kind, [])
+            if items:
+                removed += self._delete_all(rg, kind, items)
+        for kind, items in by_type.items():
+            removed += self._delete_all(rg, kind, items)
+        group = get_or_none(api.resource_groups.get, rg)
+        if group is not None and self._created_by_us(group):
+            left = list(api.resources.list_by_resource_group(rg))
+            if left:
+                say(f"    keeping resource group {rg}: it holds {len(left)} resource(s) clusterbake did not create")
+            else:
+                api.resource_groups.begin_delete(rg).result()
+                removed.append(f"resource group {rg}")
         return removed
 
     def _delete_role_assignments(self, identities: list) -> list[str]:
@@ -728,8 +786,7 @@ class AzureProvider(Provider):
             return []
         return rbac.delete_all(self.clients.authorization, self.azure.subscription_id, principals)
 
-    def _delete_all(self, kind: str, items: list) -> list[str]:
-        rg = self.azure.resource_group
+    def _delete_all(self, rg: str, kind: str, items: list) -> list[str]:
         compute, network = self.clients.compute, self.clients.network
         label = kind.split("/")[-1]
         pollers = []
@@ -774,7 +831,10 @@ class AzureProvider(Provider):
     def billing_leftovers(self) -> BillingCheck:
         """Read-only, after destroy(): what of the cluster is left in its resource group and bills."""
         return billing.leftovers(
-            self.clients.resources, self.clients.compute, self.azure.resource_group, self.config.cluster_name
+            self.clients.resources,
+            self.clients.compute,
+            [self.nodes_group, self.azure.resource_group],
+            self.config.cluster_name,
         )
 
     @azure_errors
@@ -907,13 +967,17 @@ class AzureProvider(Provider):
                 "addresses": {n.name: addresses[n.name] for n in members},
             }
         return power.power_vars(
-            config=self.config, head_client_id=head["client_id"], name_placeholder=NAME_PLACEHOLDER, groups=groups
+            config=self.config,
+            nodes_group=self.nodes_group,
+            head_client_id=head["client_id"],
+            name_placeholder=NAME_PLACEHOLDER,
+            groups=groups,
         )
 
     def _group_placement_ids(self, group: NodeGroup) -> dict:
         """The ids of the group's proximity placement group and scale set, where it has them (read-only)."""
         name = resources.group_resource_name(self.config.cluster_name, group.name)
-        compute, rg = self.clients.compute, self.azure.resource_group
+        compute, rg = self.clients.compute, self.nodes_group
         found = {}
         if self._wants_placement_group(group):
             ppg = get_or_none(compute.proximity_placement_groups.get, rg, name)
@@ -949,10 +1013,10 @@ class AzureProvider(Provider):
 
     def _pinned_endpoint(self, node: str, vm: dict) -> Endpoint:
         """The node's endpoint, its host keys pinned first (_pin_host_keys)."""
-        self._pin_host_keys(node, vm["address"], vm["name"])
+        self._pin_host_keys(node, vm["address"], vm["group"], vm["name"])
         return self._endpoint_to(node, vm["address"])
 
-    def _pin_host_keys(self, node: str, address: str, vm_name: str) -> None:
+    def _pin_host_keys(self, node: str, address: str, rg: str, vm_name: str) -> None:
         """The node's host keys from its serial console log (boot diagnostics, managed storage: a
         short-lived SAS URI from retrieveBootDiagnosticsData, the blob read with it)."""
 
@@ -960,7 +1024,7 @@ class AzureProvider(Provider):
             import requests  # azure-core's transport; proxy and CA settings from the environment as ARM's
 
             data = self.clients.compute.virtual_machines.retrieve_boot_diagnostics_data(
-                self.azure.resource_group, vm_name, sas_uri_expiration_time_in_minutes=5
+                rg, vm_name, sas_uri_expiration_time_in_minutes=5
             )
             answer = requests.get(data.serial_console_log_blob_uri, timeout=60)
             if answer.status_code == 404:  # nothing written yet
@@ -973,5 +1037,5 @@ class AzureProvider(Provider):
             node,
             address,
             console,
-            f"`az vm boot-diagnostics get-boot-log -g {self.azure.resource_group} -n {vm_name}`",
+            f"`az vm boot-diagnostics get-boot-log -g {rg} -n {vm_name}`",
         )

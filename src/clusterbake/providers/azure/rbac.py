@@ -76,3 +76,19 @@ def delete_all(authorization, subscription_id: str, principals: dict[str, str]) 
             authorization.role_assignments.delete_by_id(assignment.id)
             removed.append(f"role assignment of {label} at {assignment.scope}")
     return removed
+
+
+def prune(authorization, subscription_id: str, principal_id: str, role: str, keep: list[str]) -> int:
+    """Delete the principal's assignments of `role` at any scope but `keep` (a grant a cluster made before
+    its scopes narrowed); how many."""
+    scope = f"/subscriptions/{subscription_id}"
+    kept = {s.lower().rstrip("/") for s in keep}
+    found = list(authorization.role_assignments.list_for_scope(scope, filter=f"principalId eq '{principal_id}'"))
+    stale = [
+        a
+        for a in found
+        if a.role_definition_id.lower().endswith(f"/{role.lower()}") and a.scope.lower().rstrip("/") not in kept
+    ]
+    for assignment in stale:
+        authorization.role_assignments.delete_by_id(assignment.id)
+    return len(stale)

@@ -1,6 +1,9 @@
 """Names and request bodies of what the azure provider creates (ARM's REST shapes).
 
-In azure.resource_group, all tagged clusterbake-cluster=<cluster>:
+In two resource groups, all tagged clusterbake-cluster=<cluster>: the compute nodes' own
+(nodes_group_name(): their VMs, NICs, OS disks, placement groups and scale sets; the head's power
+identity may write there and nowhere else, security review finding 2) and azure.resource_group
+(the rest, the head's VM and NIC among it):
 - application security group and network security group `clusterbake-<cluster>`: every
   node's NIC is in the ASG; the NSG (on every NIC) allows TCP 22 from each of
   azure.ssh_cidrs, everything from the ASG to the ASG (the cluster), and denies the rest
@@ -52,6 +55,15 @@ def nic_name(cluster: str, node: str) -> str:
 
 def secret_name(nodegroup: str) -> str:
     return f"join-{nodegroup}"
+
+
+def nodes_group_name(cluster: str, resource_group: str, configured: str | None = None) -> str:
+    """The compute nodes' resource group: azure.nodes_resource_group, else <resource_group>-<cluster>-nodes
+    (shortened to ARM's 90 characters)."""
+    if configured:
+        return configured
+    suffix = f"-{cluster}-nodes"
+    return resource_group[: 90 - len(suffix)].rstrip(".") + suffix
 
 
 def vault_name(cluster: str, subscription_id: str, resource_group: str) -> str:
