@@ -51,11 +51,29 @@ def cmd_image_use(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_image_versions(args: argparse.Namespace) -> int:
+    from clusterbake.images import matrix
+
+    config = _load(args)
+    rows = matrix.pairs(matrix.load(args.manifest), config.provider)
+    print(f"GPU stack of {config.provider} images ({args.manifest or matrix.MANIFEST}):")
+    for line in matrix.render(rows):
+        print(f"  {line}")
+    bad = matrix.failures(rows)
+    if bad:
+        sys.stdout.flush()
+        print("incompatible:\n  " + "\n  ".join(bad), file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_image_build(args: argparse.Namespace) -> int:
+    from clusterbake.images import matrix
     from clusterbake.images.base import get_builder
 
     config = _load(args)
     extra_ca_files(config)  # bad paths are input errors: fail before building anything
+    matrix.require_compatible(config.provider)  # a stack that cannot work is refused before any build or cloud call
     get_builder(config.provider).build(config, StateDir.for_config(config), force=args.force)
     return 0
 
@@ -435,6 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
     build = image.add_parser("build", help="bake the node image with packer (reused when inputs are unchanged)")
     build.add_argument("--force", action="store_true", help="rebuild even if an image for these inputs exists")
     build.set_defaults(func=cmd_image_build)
+    versions = image.add_parser(
+        "versions",
+        help="the GPU stack's versions checked against the vendors' compatibility rules (exit 1: a pair cannot work)",
+    )
+    versions.add_argument("--manifest", type=Path, help="a version manifest other than the repository's versions.yml")
+    versions.set_defaults(func=cmd_image_versions)
     image.add_parser(
         "use",
         help="make the newest image built the cluster's: new, replaced and powered-up nodes boot it "

@@ -272,10 +272,14 @@ class NodeGroup(NodeSize):
     capacity_reservation_id: str | None = Field(
         None, pattern=r"^cr-[0-9a-f]{8,17}$", description="aws: launch into this capacity reservation (cr-...)."
     )
-    placement_group: bool | None = Field(
+    placement_group: bool | Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/+=@-]+$", max_length=255)] | None = Field(
         None,
-        description="aws: a cluster placement group for the group; default: true when efa (EFA needs one). "
-        "azure: a proximity placement group for the group; default: true.",
+        description="aws: a cluster placement group for the group: true (clusterbake-<cluster>-<group>, created "
+        "and deleted with the cluster), false, or the name of an existing cluster placement group, used as it is "
+        "and never changed or deleted (the one an On-Demand Capacity Reservation is in: a reservation matches "
+        "instances by their placement group too). Default: true when efa, false with a capacity_reservation_id "
+        "(name the reservation's group to use one). azure: a proximity placement group for the group (true or "
+        "false); default: true.",
     )
     instance_types: list[Annotated[str, Field(pattern=INSTANCE_TYPE_PATTERN)]] | None = Field(
         None,
@@ -316,7 +320,17 @@ class NodeGroup(NodeSize):
 
     @property
     def wants_placement_group(self) -> bool:
-        return self.efa if self.placement_group is None else self.placement_group
+        """aws: the group's instances launch into a cluster placement group (its own, or an existing one)."""
+        if self.placement_group is None:
+            # A new group of our own cannot hold a capacity reservation made before it (EC2 user guide,
+            # "Placement group rules and limitations"; hardware review item 15).
+            return self.efa and not self.capacity_reservation_id
+        return self.placement_group is not False
+
+    @property
+    def existing_placement_group(self) -> str | None:
+        """aws: the name of an existing cluster placement group to launch into (placement_group: <name>)."""
+        return self.placement_group if isinstance(self.placement_group, str) else None
 
     @property
     def static_count(self) -> int:
@@ -854,12 +868,30 @@ class SlurmConfig(Strict):
     jobacct_gather_type: str | None = Field(None, description=_plugin_default_text("jobacct_gather_type"))
 
 
+# ResumeTimeout defaults (power.resume_timeout): a GPU, EFA or InfiniBand node's boot takes minutes
+# (hardware review item 14: 600 s killed slow p5 and ND v5 boots after billing them).
+RESUME_TIMEOUT_DEFAULT = 600
+RESUME_TIMEOUT_ACCELERATED = 1800
+
+
 class PowerConfig(Strict):
     """Power saving of elastic node groups (Slurm's ResumeProgram/SuspendProgram and the reconcile loop)."""
 
-    resume_timeout: int = Field(
-        600, ge=30, description="Seconds a resumed node has to boot and register before Slurm marks it DOWN."
+    resume_timeout: int | None = Field(
+        None,
+        ge=30,
+        description="Seconds a resumed node has to boot and register before Slurm marks it DOWN (and its jobs "
+        f"are requeued). Default: {RESUME_TIMEOUT_ACCELERATED} when an elastic node has GPUs, EFA or InfiniBand "
+        "(driver, fabric manager and HCA start-up take minutes; ParallelCluster and CycleCloud use 1800), else "
+        f"{RESUME_TIMEOUT_DEFAULT}.",
     )
+
+    def effective_resume_timeout(self, accelerated: bool) -> int:
+        """resume_timeout, or its default for elastic nodes with (accelerated) or without GPUs and fabrics."""
+        if self.resume_timeout is not None:
+            return self.resume_timeout
+        return RESUME_TIMEOUT_ACCELERATED if accelerated else RESUME_TIMEOUT_DEFAULT
+
     suspend_timeout: int = Field(120, ge=10, description="Seconds a node has to power down (SuspendTimeout).")
     failed_node_cooldown: int = Field(
         300, ge=0, description="Seconds a node stays DOWN after a failed resume before it returns to service."
@@ -874,10 +906,15 @@ class PowerConfig(Strict):
 
 # NVIDIA Xid codes after which a GPU needs a reset or service (NVIDIA's Xid catalog,
 # docs.nvidia.com/deploy/xid-errors, "Resolution Bucket" RESET_GPU / RESTART_BM / CONTACT_SUPPORT):
-# double-bit ECC (48), row remapping and page retirement (63, 64), NVLink (74), fallen off the
-# bus (79), high single-bit ECC rate (92), contained and uncontained ECC (94, 95), GSP timeouts
-# (119, 120), reset required (154).
-DEFAULT_FATAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
+# GPU stopped processing (46: CRITICAL in NVIDIA's health validation Xid checks), double-bit ECC
+# (48), row remapping and page retirement (63, 64), NVLink (74), fallen off the bus (79), high
+# single-bit ECC rate (92), contained and uncontained ECC (94, 95), GSP timeouts (119, 120), reset
+# required (154). After a GPU reset, `clusterbake-health --xids-cleared` on the node forgets them.
+DEFAULT_FATAL_XIDS = (46, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
+
+
+# `dcgmi diag -r 2` runs "approximately two minutes" (NVIDIA's dcgmi diag reference): its timeout at least.
+DCGM_LEVEL2_MIN_TIMEOUT = 180
 
 
 class HealthConfig(Strict):
@@ -902,14 +939,31 @@ class HealthConfig(Strict):
     restart_window: int = Field(600, ge=60, description="Seconds over which daemon restarts are counted.")
     fatal_xids: list[int] = Field(
         default_factory=lambda: list(DEFAULT_FATAL_XIDS),
-        description="GPU nodes: NVIDIA Xid codes in the kernel log since boot that drain the node.",
+        description="GPU nodes: NVIDIA Xid codes in the kernel log since boot (or since `clusterbake-health "
+        "--xids-cleared` after a GPU reset) that drain the node; NVSwitch nodes also drain on a fatal SXid.",
     )
-    dcgm_diag_level: Literal[0, 1, 2, 3] = Field(
-        1, description="GPU jobs' prolog on nodes with DCGM: `dcgmi diag -r LEVEL` before the job; 0: none."
+    dcgm_diag_level: int = Field(
+        1,
+        ge=0,
+        le=2,
+        description="GPU jobs' prolog on nodes with DCGM: `dcgmi diag -r LEVEL` on the job's GPUs before the job; "
+        "0: none. 1 takes seconds, 2 about two minutes (needs dcgm_diag_timeout >= "
+        f"{DCGM_LEVEL2_MIN_TIMEOUT}); 3 (about 15 minutes, NVIDIA's dcgmi diag reference) is no prolog's.",
     )
     dcgm_diag_timeout: int = Field(
         90, ge=10, le=600, description="Seconds the prolog's DCGM diagnostic may take before it counts as failed."
     )
+
+    @model_validator(mode="after")
+    def _diagnostic_fits_its_timeout(self):
+        # A level that cannot finish in time drains every GPU node at its first job, for a person to
+        # resume (hardware review item 10).
+        if self.dcgm_diag_level == 2 and self.dcgm_diag_timeout < DCGM_LEVEL2_MIN_TIMEOUT:
+            raise ValueError(
+                f"health.dcgm_diag_level 2 runs about two minutes (NVIDIA's dcgmi diag reference): set "
+                f"health.dcgm_diag_timeout to at least {DCGM_LEVEL2_MIN_TIMEOUT}, or use level 1"
+            )
+        return self
 
     @field_validator("disk_paths")
     @classmethod
@@ -1249,11 +1303,6 @@ class ClusterConfig(Strict):
         if sum(p.default for p in self.partitions) > 1:
             raise ValueError("partitions: more than one partition has default: true")
         for index, group in enumerate(self.node_groups):
-            if group.efa and group.placement_group is False:
-                raise ValueError(
-                    f"node_groups.{index}.placement_group: EFA needs a cluster placement group; "
-                    "remove placement_group: false or set efa: false"
-                )
             if group.spot and group.capacity_reservation_id:
                 raise ValueError(
                     f"node_groups.{index}.capacity_reservation_id: capacity reservations are for on-demand "
@@ -1320,6 +1369,11 @@ class ClusterConfig(Strict):
             ):
                 if key in section.model_fields_set:
                     raise ValueError(f"{field}.{key}: {what}; remove it")
+            if section.existing_placement_group:
+                raise ValueError(
+                    f"{field}.placement_group: on azure true or false (the group's own proximity placement group), "
+                    "not the name of an existing one"
+                )
         for index, entry in enumerate(self.storage or []):
             if isinstance(entry, AmlfsStorage) and entry.mgs_address is None and not (entry.zone or azure.zone):
                 raise ValueError(

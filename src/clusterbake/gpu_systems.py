@@ -35,3 +35,21 @@ NVSWITCH_INSTANCE_TYPES: dict[str, frozenset[str]] = {
 def has_nvswitch(cloud: str, instance_type: str) -> bool:
     """Whether an instance type (VM size) of `cloud` is an NVSwitch system that needs the fabric manager."""
     return instance_type.lower() in NVSWITCH_INSTANCE_TYPES.get(cloud, frozenset())
+
+
+# InfiniBand links of Azure's RDMA sizes (Microsoft Learn, each size series' page: "InfiniBand"):
+# per VM the ports and the rate each one trains at, Gb/s (NDR 400, HDR 200). The health check
+# drains a node with fewer ports, or a port below the rate (a link trained at a lower speed slows
+# every collective it is in; hardware review item 17). Keys lower-case, as above.
+INFINIBAND_LINKS: dict[str, tuple[int, int]] = {
+    "standard_nd96isr_h100_v5": (8, 400),  # ND H100 v5: 8 x 400 Gb/s NVIDIA Quantum-2 CX7
+    "standard_nd96isr_h200_v5": (8, 400),  # ND H200 v5: 8 x 400 Gb/s
+    "standard_nd96asr_v4": (8, 200),  # ND A100 v4: 8 x 200 Gb/s HDR
+    "standard_nd96amsr_a100_v4": (8, 200),  # NDm A100 v4: 8 x 200 Gb/s HDR
+}
+
+
+def infiniband_expectation(vm_size: str) -> dict | None:
+    """{ports, min_rate} the health check expects of a VM size, or None when the table has no entry."""
+    link = INFINIBAND_LINKS.get(vm_size.lower())
+    return {"ports": link[0], "min_rate": link[1]} if link else None

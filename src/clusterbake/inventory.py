@@ -5,6 +5,9 @@ from __future__ import annotations
 from clusterbake.config import MONITORING_PORTS, ClusterConfig, extra_ca_files
 from clusterbake.plan import NodeSpec
 
+# Features of a node whose boot takes minutes (power.resume_timeout's longer default).
+ACCELERATED_FEATURES = frozenset({"gpu", "efa", "ib", "nvswitch"})
+
 
 def group_name(name: str) -> str:
     """Ansible group names cannot hold dashes; node group and feature names can."""
@@ -113,9 +116,12 @@ def build_inventory(
         groups["join_bundle_hosts"] = list(groups["slurm_compute"])
         groups["join_with_head"], groups["join_after_controller"] = [], list(groups["join_bundle_hosts"])
     inventory: dict = {name: {"hosts": hosts} for name, hosts in groups.items()}
+    variables = cluster_vars(config)
+    accelerated = any(n.elastic and ACCELERATED_FEATURES & set(n.features) for n in nodes)
+    variables["clusterbake_power"]["resume_timeout"] = config.power.effective_resume_timeout(accelerated)
     inventory["all"] = {
         "children": sorted([*groups, "ungrouped"]),
-        "vars": {**cluster_vars(config), **(extra_vars or {})},
+        "vars": {**variables, **(extra_vars or {})},
     }
     inventory["_meta"] = {"hostvars": hostvars}
     return inventory

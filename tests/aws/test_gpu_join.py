@@ -136,6 +136,16 @@ def bundles(aws) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (tmp / "bundles").glob("*.json")}
 
 
+def test_the_health_check_expects_every_efa_interface_of_the_type(aws, bundles):
+    """p5.48xlarge has 32 EFA interfaces (moto's DescribeInstanceTypes, as EC2's): a node with 31 was passed
+    before (one device was enough; hardware review item 17)."""
+    hostvars = aws["inventory"]["_meta"]["hostvars"]
+    assert hostvars["p5-1"]["node_health_efa_devices"] == 32
+    assert "node_health_efa_devices" not in hostvars["g5-1"]
+    health = next(f for f in bundles["p5"]["files"] if f["path"].endswith("health.json"))
+    assert json.loads(base64.b64decode(health["content_b64"]))["efa_devices"] == 32
+
+
 def test_fabric_manager_runs_on_nvswitch_nodes_only(bundles):
     assert sorted(bundles) == ["cpu", "g5", "p5"]
     assert {"nvidia-fabricmanager", "nvidia-persistenced"} <= set(bundles["p5"]["services"])

@@ -47,6 +47,11 @@ CASES = {
         2,
         "node_groups.0.efa: c7i.large has no EFA support; set efa: false",
     ),
+    "placement-group-missing": (
+        {"node_groups": _gpu(capacity_reservation_id="cr-0123456789abcdef0", placement_group="odcr-pg")},
+        2,
+        "node_groups.0.placement_group: no placement group named odcr-pg in {region}",
+    ),
     "subnet-of-another-vpc": (
         {"aws": "other-subnet"},
         2,

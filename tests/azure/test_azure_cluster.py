@@ -310,6 +310,9 @@ def test_inventory_has_the_shared_shape(twin, ndv5):
         "features": ["gpu", "train", "ib", H100],
     }
     assert gpu["clusterbake_elastic"] is False
+    # The health check expects the size's 8 x 400 Gb/s InfiniBand ports (hardware review item 17).
+    assert gpu["node_health_infiniband"] == {"ports": 8, "min_rate": 400}
+    assert "node_health_infiniband" not in hostvars["cpu-1"]
     assert hostvars["head"]["clusterbake_slurm_node"]["real_memory"] == 31129  # 32 GiB less 5%
     cpu = hostvars["cpu-1"]["clusterbake_slurm_node"]
     assert cpu["real_memory"] == 15360  # 16 GiB less 1 GiB (5% would leave less than 1 GiB)

@@ -157,7 +157,12 @@ def test_stopped_compute_node_rejoins_idle(cluster):
 
 
 def test_status_json_reports_nodes(cluster):
-    status = json.loads(cb("cluster", "status", "--json").stdout)
+    def settled():
+        # A job of an earlier test may still be completing on a node ("comp"): wait for the nodes to settle.
+        status = json.loads(cb("cluster", "status", "--json").stdout)
+        return status if all(n["slurm_state"] in (None, "idle") for n in status["nodes"]) else None
+
+    status = poll(settled, timeout=60, interval=2) or json.loads(cb("cluster", "status", "--json").stdout)
     assert [(n["name"], n["state"], n["slurm_state"]) for n in status["nodes"]] == [
         ("head", "running", None),
         ("cpu-1", "running", "idle"),

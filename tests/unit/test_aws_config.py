@@ -117,6 +117,24 @@ def test_explicit_plugins_where_they_can_run(tmp_path):
     assert load_config(path).slurm_plugins()["task_plugin"] == "task/cgroup"
 
 
+@pytest.mark.parametrize(
+    "extra, wants, existing",
+    [
+        ("", True, None),  # efa: a placement group of the cluster's own
+        ("    placement_group: false\n", False, None),  # EFA without one (the EC2 guide: not required)
+        ("    capacity_reservation_id: cr-0123456789abcdef0\n", False, None),  # a new group could not hold the CR
+        ("    capacity_reservation_id: cr-0123456789abcdef0\n    placement_group: odcr-pg\n", True, "odcr-pg"),
+    ],
+)
+def test_placement_groups_with_efa_and_capacity_reservations(tmp_path, extra, wants, existing):
+    """Hardware review item 15: EFA was forced into a new placement group, so a capacity reservation made
+    in a cluster placement group could not be used."""
+    path = tmp_path / "c.yaml"
+    path.write_text(AWS + extra)
+    [group] = load_config(path).node_groups
+    assert (group.wants_placement_group, group.existing_placement_group) == (wants, existing)
+
+
 def test_defaults(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(AWS.replace("    efa: true\n", ""))
@@ -138,7 +156,6 @@ def test_defaults(tmp_path):
         (lambda t: t.replace("  instance_type: m7i.2xlarge", "  cpus: 4"), "head.instance_type: required"),
         (lambda t: t + "    cpus: 96\n", "node_groups.0.cpus: only for provider local"),
         (lambda t: t + "    memory_mb: 4096\n", "node_groups.0.memory_mb: only for provider local"),
-        (lambda t: t + "    placement_group: false\n", "node_groups.0.placement_group: EFA needs a cluster placement"),
         (
             lambda t: t + "    spot: true\n    capacity_reservation_id: cr-0123456789abcdef0\n",
             "node_groups.0.capacity_reservation_id: capacity reservations are for on-demand",

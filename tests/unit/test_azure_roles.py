@@ -39,7 +39,8 @@ ROLES = REPO / "roles"
 PROGRAM = ROLES / "azure_sku" / "files" / "clusterbake-azure-sku"
 KERNEL = "6.8.0-1021-azure"
 CLIENT_ID = "0b4c2a5e-8f1d-4c3e-9a7b-2d6e1f0c9b8a"
-AMLFS = "2.16.1-14-gbc76088"
+# The manifest's client (its fixture index below: a build for each of six 6.8 kernels, which 2.17 supports too).
+AMLFS = yaml.safe_load(MANIFEST.read_text())["clusterbake_gpu_versions"]["amlfs_client"]["version"]
 
 sys.path.insert(0, str(ROLES / "doca_ofed" / "filter_plugins"))
 sys.path.insert(0, str(ROLES / "amlfs_client" / "filter_plugins"))
@@ -531,6 +532,16 @@ def test_doca_writes_its_validation_record_and_keeps_distro_dkms(azure_run):
         "module_args"
     ]["dest"]
     assert dest == "/etc/systemd/system/openibd.service.d/clusterbake.conf"
+    # An openibd restart unloads nvidia_peermem with the IB stack: it is loaded again (hardware review item 4).
+    assert "ExecStartPost=-/sbin/modprobe nvidia_peermem" in dropin
+
+
+def test_the_image_installs_doca_ofed_before_the_nvidia_driver():
+    """nvidia_peermem is built by the driver's DKMS against DOCA's ib_core only when DOCA is there first;
+    built before, it loads with EINVAL (hardware review item 4; azhpc-images' order)."""
+    (play,) = yaml.safe_load((REPO / "ansible" / "image.yml").read_text())
+    roles = [t["ansible.builtin.import_role"]["name"] for t in play["tasks"] if "ansible.builtin.import_role" in t]
+    assert roles.index("doca_ofed") < roles.index("nvidia_driver") < roles.index("cuda_toolkit")
 
 
 def test_check_mode_skipped_every_download_install_and_service_task(azure_run):
@@ -713,11 +724,14 @@ def test_sku_settings_and_unit(azure_run):
         },
         "fabricmanager": True,
         "peermem": True,
+        "infiniband": True,
     }
+    assert settings["infiniband_class"] == "/sys/class/infiniband" and ndv4["infiniband"] is True
     assert ndv4["nccl"] == {"NCCL_IB_PCI_RELAXED_ORDERING": "1", "NCCL_TOPO_FILE": "/opt/microsoft/ndv4/topo.xml"}
     unit = rendered(azure_run, "Install its unit")
     assert "ExecStart=/usr/local/sbin/clusterbake-azure-sku --config /etc/clusterbake/azure-sku.json\n" in unit
-    assert "After=network-online.target openibd.service nvidia-fabricmanager.service\n" in unit
+    # Not ordered after the fabric manager (a cycle through multi-user.target, hardware review item 12).
+    assert "After=network-online.target openibd.service\n" in unit and "After=nvidia-fabricmanager" not in unit
     assert "Before=slurmd.service\n" in unit
     assert "TimeoutStartSec=480\n" in unit
 
@@ -922,6 +936,12 @@ def node(tmp_path, azure_run):
         (root / f"opt/microsoft/{name}-topo.xml").write_text(
             rendered(azure_run, "Write the NCCL topology files", item=name)
         )
+    # ND v5's RDMA devices as DOCA-OFED names them: eight InfiniBand HCAs, and accelerated networking's
+    # Ethernet function (no azhpc-images rename to mlx5_ib0..7 / mlx5_an0).
+    for index in range(9):
+        port = root / f"sys/class/infiniband/mlx5_{index}/ports/1"
+        port.mkdir(parents=True)
+        (port / "link_layer").write_text("Ethernet\n" if index == 4 else "InfiniBand\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
@@ -966,10 +986,13 @@ def test_nd_v5_gets_the_v5_topology_nccl_conf_fabric_manager_and_peermem(node, i
     root = node["root"]
     conf = (root / "etc/nccl.conf").read_text().splitlines()
     assert conf[0].startswith(f"# Managed by clusterbake-azure-sku for {vm_size} (profile ndv5)")
+    # NCCL_IB_HCA names exactly the node's InfiniBand HCAs (a prefix like mlx5_ib matched none of them,
+    # and NCCL trained over TCP: hardware review item 3), in natural order; mlx5_4 is Ethernet.
     assert conf[1:] == [
         "NCCL_IB_PCI_RELAXED_ORDERING=1",
         "NCCL_IGNORE_CPU_AFFINITY=1",
         "NCCL_TOPO_FILE=/opt/microsoft/ndv5/topo.xml",
+        "NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_5,mlx5_6,mlx5_7,mlx5_8",
     ]
     assert os.readlink(root / "opt/microsoft/ndv5/topo.xml") == "/opt/microsoft/ndv5-topo.xml"
     assert os.readlink(root / "etc/clusterbake/nccl-topo.xml") == "/opt/microsoft/ndv5/topo.xml"
@@ -986,7 +1009,11 @@ def test_nd_a100_v4_gets_the_v4_topology(node, imds):
     proc = run_program(node, imds, "Standard_ND96asr_v4")
     assert proc.returncode == 0, proc.stderr
     conf = (node["root"] / "etc/nccl.conf").read_text().splitlines()[1:]
-    assert conf == ["NCCL_IB_PCI_RELAXED_ORDERING=1", "NCCL_TOPO_FILE=/opt/microsoft/ndv4/topo.xml"]
+    assert conf == [
+        "NCCL_IB_PCI_RELAXED_ORDERING=1",
+        "NCCL_TOPO_FILE=/opt/microsoft/ndv4/topo.xml",
+        "NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_5,mlx5_6,mlx5_7,mlx5_8",
+    ]
     assert os.readlink(node["root"] / "opt/microsoft/ndv4/topo.xml") == "/opt/microsoft/ndv4-topo.xml"
     assert calls(node) == ["systemctl is-active nvidia-fabricmanager", "modprobe nvidia_peermem"]
 
@@ -1021,6 +1048,15 @@ def test_an_inactive_fabric_manager_fails_the_unit_without_loading_peermem(node,
     assert "systemctl status nvidia-fabricmanager" in proc.stderr
     assert "modprobe nvidia_peermem" not in calls(node)
     assert len(calls(node)) >= 2  # it polled
+
+
+def test_an_infiniband_size_without_an_infiniband_hca_fails_rather_than_train_over_tcp(node, imds):
+    for layer in (node["root"] / "sys/class/infiniband").glob("*/ports/1/link_layer"):
+        layer.write_text("Ethernet\n")
+    proc = run_program(node, imds, "Standard_ND96isr_H100_v5")
+    assert proc.returncode == 1
+    assert "has InfiniBand, but no HCA in /sys/class/infiniband has an InfiniBand port" in proc.stderr
+    assert "NCCL would train over TCP sockets" in proc.stderr
 
 
 def test_a_failed_modprobe_is_reported(node, imds):

@@ -233,3 +233,18 @@ def test_the_cli_refuses_a_bad_password_file_with_exit_status_2(tmp_path):
     )
     assert result.returncode == 2 and "accounting.database.password_file" in result.stderr
     assert "with#hash" not in result.stderr + result.stdout  # the password is never printed
+
+
+@pytest.mark.parametrize(
+    "health, message",
+    [
+        ("dcgm_diag_level: 3", "health.dcgm_diag_level"),  # ~15 minutes: no prolog's
+        ("dcgm_diag_level: 2", "set health.dcgm_diag_timeout to at least 180"),  # the default 90 s cannot do
+    ],
+)
+def test_a_dcgm_prolog_that_cannot_finish_in_time_is_refused(tmp_path, health, message):
+    """Hardware review item 10: level 3, or level 2 within 90 s, drained every GPU node at its first job."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, MINIMAL + f"health:\n  {health}\n"))
+    fitting = load_config(write(tmp_path, MINIMAL + "health:\n  dcgm_diag_level: 2\n  dcgm_diag_timeout: 180\n"))
+    assert fitting.health.dcgm_diag_level == 2

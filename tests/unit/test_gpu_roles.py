@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -33,6 +34,8 @@ HOST_FILES = [
     Path("/etc/clusterbake/efa.env"),
     Path("/etc/profile.d/clusterbake-cuda.sh"),
     Path("/etc/apt/preferences.d/clusterbake-nvidia-driver"),
+    Path("/etc/systemd/system/nvidia-persistenced.service.d/clusterbake.conf"),
+    Path("/etc/systemd/system/nvidia-fabricmanager.service"),
     Path("/etc/apt/preferences.d/clusterbake-nccl"),
     Path("/etc/apt/preferences.d/clusterbake-dcgm"),
     Path("/etc/systemd/system/nvidia-dcgm-exporter.service.d/clusterbake.conf"),
@@ -130,6 +133,9 @@ def test_check_mode_changes_nothing_on_the_host(check_run):
     # Only file tasks report a change (what they would write); no package, download or service task ran.
     assert changed - {"Create the directory of the EFA environment file"} == {
         "Pin the driver packages to the manifest's version",
+        "Create the persistence daemon's drop-in directory",
+        "Run the persistence daemon with persistence mode on",
+        "Keep the fabric manager out of multi-user.target's ordering",
         "Put the CUDA toolkit on login shells' PATH",
         "Allow ptrace between a user's processes (EFA shared-memory transport)",
         "Record the plugin's path for the node's fabric profile",
@@ -173,6 +179,79 @@ def test_driver_pin_holds_every_driver_package_at_the_manifest_version(check_run
     assert "Package: nvidia-* libnvidia-* xserver-xorg-video-nvidia-* firmware-nvidia-*" in pin
     assert f"Pin: version {manifest['nvidia_driver']['version']}-*" in pin
     assert "Pin-Priority: 1001" in pin
+
+
+def test_the_persistence_daemon_runs_with_persistence_mode_on(check_run):
+    """Ubuntu's unit runs nvidia-persistenced --no-persistence-mode and stops when unneeded: the health
+    check then drained every GPU node (hardware review item 2). The drop-in resets both."""
+    dropin = rendered(check_run, "Run the persistence daemon with persistence mode on")
+    lines = [line for line in dropin.splitlines() if line and not line.startswith("#")]
+    assert lines == [
+        "[Unit]",
+        "StopWhenUnneeded=false",
+        "[Service]",
+        "ExecStart=",
+        "ExecStart=/usr/bin/nvidia-persistenced --verbose",
+    ]
+
+
+def test_the_fabric_manager_unit_loses_its_ordering_after_multi_user_target(check_run):
+    """slurmd waits for the fabric manager (role slurm) and is wanted by multi-user.target: the packaged
+    unit's After=multi-user.target made a cycle (hardware review items 11, 12). The other orderings stay."""
+    unit = rendered(check_run, "Keep the fabric manager out of multi-user.target's ordering")
+    after = [line for line in unit.splitlines() if line.startswith("After=")]
+    assert after == ["After=network-online.target"]
+    assert "Requires=network-online.target" in unit and "WantedBy=multi-user.target" in unit
+    assert "ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg" in unit
+
+
+# A stand-in for Debian's and Ubuntu's slurmd.service (slurm-wlm): what matters here is its install target.
+SLURMD_UNIT = """[Unit]
+Description=Slurm node daemon
+After=munge.service network-online.target remote-fs.target
+[Service]
+ExecStart=/usr/sbin/slurmd -D
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _ordering_cycles(tmp_path: Path, fabricmanager_unit: str) -> list[str]:
+    """`systemd-analyze verify` of multi-user.target wanting slurmd (with role slurm's drop-in) and the
+    fabric manager: the lines that report an ordering cycle."""
+    import jinja2
+
+    units = tmp_path / "units"
+    (units / "slurmd.service.d").mkdir(parents=True)
+    (units / "multi-user.target.wants").mkdir()
+    (units / "slurmd.service").write_text(SLURMD_UNIT)
+    template = (REPO / "roles/slurm/templates/slurm-daemon-override.conf.j2").read_text()
+    (units / "slurmd.service.d/override.conf").write_text(jinja2.Template(template).render(slurm_daemon="slurmd"))
+    (units / "nvidia-fabricmanager.service").write_text(
+        fabricmanager_unit.replace("/usr/bin/nv-fabricmanager", "/bin/true")
+    )
+    for unit in ("slurmd.service", "nvidia-fabricmanager.service"):
+        (units / "multi-user.target.wants" / unit).symlink_to(units / unit)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(units / "slurmd.service"), "multi-user.target"],
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if "ordering cycle" in line]
+
+
+def test_slurmd_waits_for_the_fabric_manager_without_an_ordering_cycle(check_run, tmp_path):
+    """Role slurm orders slurmd after the fabric manager and persistenced (item 11); with the packaged
+    fabric manager unit (After=multi-user.target) that is a cycle systemd breaks by dropping slurmd's or
+    the fabric manager's start (item 12); with the unit the role writes it is none."""
+    if not shutil.which("systemd-analyze"):
+        pytest.fail("systemd-analyze is missing (apt install systemd)")
+    packaged = (FIXTURES / "systemd" / "nvidia-fabricmanager.service").read_text()
+    assert _ordering_cycles(tmp_path / "packaged", packaged), "the stand-in unit should make the cycle"
+    written = rendered(check_run, "Keep the fabric manager out of multi-user.target's ordering")
+    assert _ordering_cycles(tmp_path / "written", written) == []
 
 
 def test_nccl_and_dcgm_pins(check_run, manifest):
@@ -273,7 +352,7 @@ def test_versions_json_gets_a_gpu_section_from_every_role(check_run, manifest):
     assert gpu["nvidia_driver"]["version"] == manifest["nvidia_driver"]["version"]
     assert gpu["nvidia_driver"]["kernel_module"] == manifest["nvidia_driver"]["version"]
     assert gpu["nvidia_driver"]["flavour"] == "open"
-    assert gpu["cuda_toolkit"]["minimum_driver"] == "570.26"
+    assert gpu["cuda_toolkit"]["minimum_driver"] == "580.65.06"
     assert gpu["nccl"]["nccl"] == f"{manifest['nccl']['version']}+cuda{manifest['cuda']['version']}"
     assert gpu["nccl"]["mpi_home"] == "/opt/amazon/openmpi"  # EFA image: the installer's Open MPI
     assert gpu["efa"]["installer"] == manifest["efa_installer"]["version"]
@@ -344,7 +423,7 @@ FAILURES = {
     ),
     "driver-mismatch": (
         "Check that nvidia-smi works and reports the pinned version",
-        ["the loaded driver is 570.86.15, the version manifest pins 570.172.08"],
+        ["the loaded driver is 570.86.15, the version manifest pins 580.159.04"],
     ),
     "driver-proprietary": (
         "Check the nvidia module (open flavour, pinned version)",

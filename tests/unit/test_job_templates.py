@@ -155,7 +155,10 @@ def test_nccl_tests_passes_its_default_arguments_as_separate_words(tmp_path):
         "SLURM_NNODES": "2",
     }
     subprocess.run(["bash", str(JOBS / "nccl-tests.sbatch")], env=env, check=True, capture_output=True)
-    assert (tmp_path / "log").read_text().strip().endswith(f"<{tests}><-b><8><-e><8G><-f><2><-g><1>")
+    srun = (tmp_path / "log").read_text().strip()
+    assert srun.endswith(f"<{tests}><-b><8><-e><8G><-f><2><-g><1>")
+    # Every rank sees all of the node's GPUs (NVLink found), none is bound to one (hardware review item 9).
+    assert "<--ntasks-per-node=8><--gpus-per-node=8><--gpu-bind=none>" in srun and "gpus-per-task" not in srun
 
 
 # A 22.05 slurmctld's `scontrol show job` lines (TRES: with accounting of gres/gpu an --exclusive job's TRES
@@ -194,3 +197,50 @@ def test_a_gpu_nodes_job_must_ask_for_its_gpus(tmp_path, asked, tres_gpus, allow
     else:
         assert result.returncode == 2
         assert "has 8 GPUs but job 7 asked for none: submit with --gpus-per-node=8" in result.stderr
+
+
+# torch as a driver it cannot use leaves it (device count 0; hardware review item 1), and as one that works.
+FAKE_PYTHON = """#!/bin/bash
+[ "$2" = "import torch; print(torch.cuda.device_count(), torch.version.cuda)" ] && echo "$TORCH_SEES"
+"""
+
+
+@pytest.mark.parametrize(
+    "gpus, torch_sees, placeholder, allow, trains",
+    [
+        ("8", "0 13.0", False, "", False),  # R570 with a CUDA 13 torch: no device
+        ("8", "Traceback: ImportError", False, "", False),  # no torch at all
+        ("8", "8 13.0", False, "", True),
+        ("0", "0 13.0", False, "", True),  # a CPU job on a CPU node
+        ("8", "0 13.0", False, "1", True),  # CLUSTERBAKE_ALLOW_CPU=1
+    ],
+)
+def test_a_job_given_gpus_that_torch_cannot_use_stops_instead_of_training_on_the_cpu(
+    tmp_path, gpus, torch_sees, placeholder, allow, trains
+):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (
+        ("python3", FAKE_PYTHON),
+        ("nvidia-smi", "#!/bin/sh\necho 570.172.08\n"),
+        ("torchrun", "#!/bin/sh\necho torchrun started\n"),
+        ("scontrol", "#!/bin/sh\necho node-1\n"),
+    ):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "train.env").write_text(f"PATH={bin_dir}:$PATH\n")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CLUSTERBAKE_TRAIN_ENV": str(tmp_path / "train.env"),
+    }
+    env |= {"SLURM_GPUS_ON_NODE": gpus, "TORCH_SEES": torch_sees, "SLURM_JOB_ID": "7", "SLURM_NNODES": "1"}
+    env |= {"SLURM_JOB_NODELIST": "node-1", "CLUSTERBAKE_ALLOW_CPU": allow}
+    result = subprocess.run([str(JOBS / "torchrun-node"), "train.py"], env=env, capture_output=True, text=True)
+    if trains:
+        assert (result.returncode, result.stdout.splitlines()[-1]) == (0, "torchrun started"), result.stderr
+    else:
+        assert result.returncode == 4, result.stdout + result.stderr
+        assert f"gave this job {gpus} GPU(s), but torch finds none" in result.stderr
+        assert "driver: 570.172.08" in result.stderr and "refusing to train on the CPU" in result.stderr
+        assert "torchrun started" not in result.stdout

@@ -185,6 +185,52 @@ def test_the_h200s_captured_answer_passes_for_its_one_gpu_and_not_for_eight(heal
     assert drain_of(updates) == "clusterbake-health: 1 of 8 GPUs visible (nvidia-smi)"
 
 
+def test_after_a_gpu_reset_xids_logged_before_it_no_longer_drain(health):
+    """Hardware review item 18: Xids were counted since boot, so a node stayed drained after NVIDIA's remedy
+    (nvidia-smi -r) until a reboot. --xids-cleared makes the check read the journal from that moment on."""
+    fakes = {"nvidia-smi": {"file": "nvidia-smi-p5.csv"}, "journalctl": {"file": "kernel-xid.txt"}}
+    _, updates, calls = health(GPU, fakes)
+    assert drain_of(updates) == "clusterbake-health: Xid 79 on PCI:0000:97:00 (GPU has fallen off the bus)"
+    assert not [c for c in calls if c.startswith("journalctl") and "--since=" in c]
+    cleared, _, _ = health(GPU, args=["--xids-cleared"])
+    assert cleared.returncode == 0 and "no longer drain this node" in cleared.stdout
+    # The journal from the marker on holds nothing: the fake answers as journalctl does then.
+    fakes["journalctl"] = {"out": "-- No entries --\n"}
+    result, updates, calls = health(GPU, fakes)
+    assert (result.returncode, updates) == (0, []), result.stdout
+    (query,) = [c for c in calls if c.startswith("journalctl")]
+    assert "--since=@" in query and "--boot" in query
+
+
+def test_xid_46_and_a_fatal_nvswitch_sxid_drain(health):
+    # Constructed lines in the NVSwitch driver's SXid format (code, Fatal or Non-fatal, text): no real capture here.
+    kernel = (
+        "NVRM: Xid (PCI:0000:53:00): 46, pid=1811, name=python, GPU stopped processing\n"
+        "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 12028, Non-fatal, Link 40 egress non-posted PRIV error\n"
+        "nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 20034, Fatal, Link 28 LTSSM Fault Up\n"
+    )
+    fakes = {"nvidia-smi": {"file": "nvidia-smi-p5.csv"}, "journalctl": {"out": kernel}}
+    config = {**GPU, "fatal_xids": [46, *GPU["fatal_xids"]], "nvswitch": True}
+    _, updates, _ = health(config, fakes)
+    assert drain_of(updates) == (
+        "clusterbake-health: Xid 46 on PCI:0000:53:00 (GPU stopped processing); "
+        "fatal SXid 20034 on NVSwitch PCI:0000:08:00.0"
+    )
+
+
+def test_the_checks_run_side_by_side_and_end_by_the_deadline(health):
+    """Hardware review item 19: checks ran one after another with 20 s command timeouts, past Slurm's 60 s
+    for HealthCheckProgram. Two checks that take 5 s each both finish within a deadline of 8 s (one after
+    the other they could not), and a hung one is reported at the deadline instead of holding the run."""
+    slow = {"nvidia-smi": {"sleep": 5, "file": "nvidia-smi-p5.csv"}, "journalctl": {"sleep": 5, "out": ""}}
+    result, updates, _ = health(GPU, slow, env={"CLUSTERBAKE_HEALTH_DEADLINE": "8"})
+    assert (result.returncode, updates) == (0, []), result.stdout
+    hung = {"nvidia-smi": {"sleep": 12, "file": "nvidia-smi-p5.csv"}}
+    result, updates, _ = health(GPU, hung, env={"CLUSTERBAKE_HEALTH_DEADLINE": "8"})
+    assert drain_of(updates) == "clusterbake-health: no answer within 8 s"
+    assert "FAIL gpus: no answer within 8 s" in result.stdout and "ok   munge" in result.stdout
+
+
 def test_placeholder_gpus_are_not_checked(health):
     result, _, calls = health({"gpus": 0})
     assert result.returncode == 0
@@ -274,10 +320,11 @@ def test_the_prolog_diagnoses_gpu_jobs_and_drains_for_a_person(health):
     fakes = {"dcgmi": {"rc": 226, "file": "dcgmi-diag-r1-row-remap-fail.txt"}}
     result, updates, calls = health(DCGM, fakes, env={"SLURM_JOB_GPUS": "0,1", "SLURM_JOB_ID": "42"}, as_prolog=True)
     assert result.returncode == 1  # Slurm requeues the job elsewhere
-    assert "dcgmi diag -r 1" in calls
+    # The job's GPUs only, not another job's on the same node (hardware review item 10).
+    assert "dcgmi diag -r 1 -i 0,1" in calls
     assert drain_of(updates) == (
-        "clusterbake-dcgm: dcgmi diag -r 1 before job 42: Page Retirement/Row Remap (run dcgmi diag -r 3, then "
-        "scontrol update NodeName=<node> State=RESUME)"
+        "clusterbake-dcgm: dcgmi diag -r 1 -i 0,1 before job 42: Page Retirement/Row Remap (run dcgmi diag -r 3, "
+        "then scontrol update NodeName=<node> State=RESUME)"
     )
 
 
@@ -286,7 +333,7 @@ def test_the_prolog_passes_a_healthy_diagnostic_and_skips_jobs_without_gpus(heal
     passed, updates, calls = health(DCGM, fakes, env={"SLURM_JOB_GPUS": "0"}, as_prolog=True)
     skipped, _, none = health(DCGM, fakes, env={"SLURM_JOB_GPUS": ""}, as_prolog=True)
     assert (passed.returncode, updates, skipped.returncode) == (0, [], 0)
-    assert "dcgmi diag -r 1" in calls and none == []
+    assert "dcgmi diag -r 1 -i 0" in calls and none == []
 
 
 def test_a_diagnostic_that_hangs_fails_at_its_timeout(health):

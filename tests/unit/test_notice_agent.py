@@ -66,6 +66,8 @@ def ec2():
             meta["spot"] = {"instance-action": json.dumps(notices["spot"]), "termination-time": notices["spot"]["time"]}
         if "rebalance" in notices:
             meta["events"] = {"recommendations": {"rebalance": json.dumps(notices["rebalance"])}}
+        if "maintenance" in notices:
+            meta.setdefault("events", {})["maintenance"] = {"scheduled": json.dumps(notices["maintenance"])}
         settings = {"http_tokens": "required", "http_endpoint": "enabled", "hop_limit": 1, "user_data": b""}
         return {
             "instance_id": "i-0123456789abcdef0",
@@ -106,18 +108,25 @@ def azure():
     server.server_close()
 
 
+def assert_drained_and_asked_to_checkpoint(agent, reason: str) -> None:
+    """The node drained first, with the notice's reason; the job that checkpoints on USR1 asked to."""
+    assert agent.slurm.calls[0] == ("scontrol", "update", "NodeName=gpu-1", "State=DRAIN", f"Reason={reason}")
+    assert ("scancel", "--batch", "--signal=USR1", "41") in agent.slurm.calls
+
+
 def test_a_spot_interruption_drains_signals_the_checkpointing_job_and_requeues_late(agent, ec2):
     notices, url = ec2
     config = {"provider": "aws", "metadata_url": url, "node": "gpu-1", "margin": 10}
     clock = {"now": IN_TWO_MINUTES.timestamp() - 120}
     worker = agent.Agent(config, agent.AwsSource(config), clock=lambda: clock["now"])
     worker.step()
-    assert agent.slurm.calls == []  # no notice, nothing asked of Slurm
+    # No notice: nothing asked of Slurm but, once, whether the node is drained by a notice it came back from.
+    assert agent.slurm.calls == [("sinfo", "--noheader", "--nodes", "gpu-1", "--format=%E")]
+    agent.slurm.calls.clear()
     notices["spot"] = {"action": "terminate", "time": IN_TWO_MINUTES.strftime("%Y-%m-%dT%H:%M:%SZ")}
     worker.step()
     reason = f"clusterbake: spot reclaim at {IN_TWO_MINUTES:%Y-%m-%dT%H:%M:%SZ} (EC2 spot/instance-action terminate)"
-    assert agent.slurm.calls[0] == ("scontrol", "update", "NodeName=gpu-1", "State=DRAIN", f"Reason={reason}")
-    assert ("scancel", "--batch", "--signal=USR1", "41") in agent.slurm.calls  # it checkpoints on USR1
+    assert_drained_and_asked_to_checkpoint(agent, reason)  # 41 checkpoints on USR1
     assert not [c for c in agent.slurm.calls if c[-1] == "42" and c[0] == "scancel"]  # it does not say so
     assert not [c for c in agent.slurm.calls if c[:2] == ("scontrol", "requeue")]
     worker.step()
@@ -131,18 +140,64 @@ def test_a_spot_interruption_drains_signals_the_checkpointing_job_and_requeues_l
     assert f"notice: {reason}" in (agent.LOG).read_text()
 
 
-def test_a_rebalance_recommendation_only_drains_and_a_withdrawn_notice_undrains(agent, ec2):
+def test_a_rebalance_recommendation_leaves_the_node_in_service(agent, ec2):
+    """Hardware review item 13: a rebalance recommendation drained the node for good (never returned), idle
+    and billed. It is logged; the spot interruption notice follows if EC2 does reclaim the instance."""
     notices, url = ec2
     config = {"provider": "aws", "metadata_url": url, "node": "gpu-1"}
     worker = agent.Agent(config, agent.AwsSource(config))
     notices["rebalance"] = {"noticeTime": "2026-12-01T10:00:00Z"}
     worker.step()
-    reason = "clusterbake: rebalance recommendation at 2026-12-01T10:00:00Z (EC2 events/recommendations/rebalance)"
-    assert agent.slurm.calls == [("scontrol", "update", "NodeName=gpu-1", "State=DRAIN", f"Reason={reason}")]
-    notices.clear()
-    agent.slurm.reason = reason
     worker.step()
+    assert [c for c in agent.slurm.calls if c[0] in ("scontrol", "scancel")] == []
+    assert "rebalance recommendation at 2026-12-01T10:00:00Z" in agent.LOG.read_text()
+    assert "left in service" in agent.LOG.read_text()
+
+
+def test_an_ec2_scheduled_reboot_drains_checkpoints_and_the_node_returns_after_it(agent, ec2):
+    """EC2's scheduled events (IMDS events/maintenance/scheduled, NotBefore in its "21 Jan 2019 09:00:43 GMT"
+    form) were not watched. A reboot drains and checkpoints like a reclaim; completed events are ignored;
+    after the reboot the agent starts afresh and returns the node it drained."""
+    notices, url = ec2
+    event = {
+        "NotBefore": format_datetime(IN_TWO_MINUTES, usegmt=True).split(", ", 1)[1],
+        "Code": "system-reboot",
+        "Description": "scheduled reboot",
+        "EventId": "instance-event-0d59937288b749b32",
+        "State": "active",
+    }
+    done = {**event, "Code": "instance-stop", "EventId": "instance-event-1", "State": "completed"}
+    notices["maintenance"] = [event, done]
+    config = {"provider": "aws", "metadata_url": url, "node": "gpu-1"}
+    worker = agent.Agent(config, agent.AwsSource(config))
+    worker.step()
+    reason = (
+        f"clusterbake: reboot at {IN_TWO_MINUTES:%Y-%m-%dT%H:%M:%SZ} (EC2 scheduled event system-reboot "
+        "instance-event-0d59937288b749b32; the machine returns)"
+    )
+    assert_drained_and_asked_to_checkpoint(agent, reason)
+    # The instance rebooted: a new agent, the event no longer active, the node still drained by it.
+    notices["maintenance"] = [{**event, "State": "completed"}]
+    agent.slurm.calls.clear()
+    agent.slurm.reason = reason
+    agent.Agent(config, agent.AwsSource(config)).step()
     assert agent.slurm.calls[-1] == ("scontrol", "update", "NodeName=gpu-1", "State=RESUME")
+
+
+def test_after_an_azure_reboot_the_node_drained_for_it_returns_and_a_reclaimed_one_does_not(agent, azure):
+    _, url = azure
+    config = {"provider": "azure", "metadata_url": url, "node": "gpu-1"}
+    rebooted = "clusterbake: reboot at 2026-12-01T10:02:00Z (Azure reboot, scheduled event E1; the machine returns)"
+    agent.slurm.reason = rebooted
+    agent.Agent(config, agent.AzureSource(config)).step()
+    assert agent.slurm.calls[-1] == ("scontrol", "update", "NodeName=gpu-1", "State=RESUME")
+    assert "back after reboot at 2026-12-01T10:02:00Z" in agent.LOG.read_text()
+    agent.slurm.calls.clear()
+    agent.slurm.reason = "clusterbake: spot reclaim at 2026-12-01T10:02:00Z (Azure spot eviction, scheduled event E2)"
+    agent.Agent(config, agent.AzureSource(config)).step()
+    agent.slurm.reason = "disk swap on Monday"  # a person's drain
+    agent.Agent(config, agent.AzureSource(config)).step()
+    assert not [c for c in agent.slurm.calls if c[:2] == ("scontrol", "update")]
 
 
 def test_azure_preempt_is_acknowledged_once_the_jobs_are_off_the_node(agent, azure):
@@ -166,8 +221,7 @@ def test_azure_preempt_is_acknowledged_once_the_jobs_are_off_the_node(agent, azu
         f"clusterbake: spot reclaim at {not_before:%Y-%m-%dT%H:%M:%SZ} "
         "(Azure spot eviction, scheduled event 602d9444-d2cd-49c7-8624-8643e7171297)"
     )
-    assert agent.slurm.calls[0] == ("scontrol", "update", "NodeName=gpu-1", "State=DRAIN", f"Reason={reason}")
-    assert ("scancel", "--batch", "--signal=USR1", "41") in agent.slurm.calls
+    assert_drained_and_asked_to_checkpoint(agent, reason)
     assert state["approved"] == []  # jobs still on the node
     agent.slurm.jobs = ""
     worker.step()
@@ -183,6 +237,7 @@ def test_the_local_stand_in_reads_the_file_node_interrupt_writes(agent, tmp_path
     config = {"provider": "local", "node": "cpu-1"}
     worker = agent.Agent(config, agent.LocalSource(config))
     worker.step()
+    agent.slurm.calls.clear()  # the look at an earlier drain (none)
     notice.write_text(json.dumps({"action": "terminate", "time": "2026-12-01T10:02:00Z"}))
     worker.step()
     assert agent.slurm.calls[0] == (

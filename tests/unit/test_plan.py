@@ -131,3 +131,29 @@ def test_a_static_cluster_has_no_power_settings():
         },
     )
     assert "ResumeProgram" not in rendered and "State=CLOUD" not in rendered and "SuspendTime" not in rendered
+
+
+@pytest.mark.parametrize(
+    "features, configured, expected",
+    [
+        ((), None, 600),
+        (("gpu",), None, 1800),  # p5 / ND v5 boots take minutes (hardware review item 14)
+        (("efa",), None, 1800),
+        (("ib",), None, 1800),
+        (("gpu",), 900, 900),  # the config's value wins
+    ],
+)
+def test_resume_timeout_defaults_to_30_minutes_for_gpu_and_fabric_nodes(features, configured, expected):
+    import dataclasses
+
+    cfg = ClusterConfig.model_validate(
+        {
+            "cluster_name": "resume",
+            "node_groups": [{"name": "cpu", "count": 1}, {"name": "gpu", "max_count": 2, "idle_time": 300}],
+            **({"power": {"resume_timeout": configured}} if configured else {}),
+        }
+    )
+    nodes = [dataclasses.replace(n, features=features) if n.nodegroup == "gpu" else n for n in plan_nodes(cfg)]
+    addresses = assign_addresses([n.name for n in nodes], POOL, {}, "local.subnet")
+    inventory = build_inventory(cfg, nodes, addresses, extra_vars={"clusterbake_extra_ca_certificates": []})
+    assert inventory["all"]["vars"]["clusterbake_power"]["resume_timeout"] == expected

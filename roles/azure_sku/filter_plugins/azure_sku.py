@@ -18,6 +18,7 @@ def azure_sku_profile(profile: dict, topology_dir: str) -> dict:
         "nccl": nccl,
         "fabricmanager": bool(profile.get("fabricmanager", False)),
         "peermem": bool(profile.get("peermem", False)),
+        "infiniband": bool(profile.get("infiniband", False)),
     }
 
 

@@ -251,6 +251,8 @@ def _bake(config: ClusterConfig, state: StateDir, store: ImageStore, digest: str
                 "common_package_pins": dict(config.image.package_pins),
                 "clusterbake_extra_ca_certificates": extra_ca_files(config),
                 "clusterbake_image_name": name,
+                # nspawn nodes run the host's kernel: no kernel of the image's to hold or check.
+                "clusterbake_image_own_kernel": False,
             }
             if wheelhouse:
                 image_vars["training_env_wheelhouse"] = str(wheelhouse)

@@ -91,6 +91,21 @@ def check_instance_types(client, config: ClusterConfig, catalogue: Catalogue, zo
     return infos
 
 
+def check_existing_placement_groups(client, config: ClusterConfig) -> None:
+    """Each placement group a node group names exists and is a cluster placement group (read-only)."""
+    for index, group in enumerate(config.node_groups):
+        name = group.existing_placement_group
+        if not name:
+            continue
+        found = call(client.describe_placement_groups, Filters=[{"Name": "group-name", "Values": [name]}])
+        groups = found.get("PlacementGroups", [])
+        field = f"node_groups.{index}.placement_group"
+        if not groups:
+            raise ConfigError(f"{field}: no placement group named {name} in {config.aws.region}")
+        if groups[0].get("Strategy") != "cluster":
+            raise ConfigError(f"{field}: {name} has strategy {groups[0].get('Strategy')}; name a cluster one")
+
+
 def check_key_pair(client, config: ClusterConfig) -> None:
     aws = config.aws
     if not aws.key_name:

@@ -152,6 +152,7 @@ class AwsProvider(Provider):
         if self.config.storage:
             storage.check_storage(self.api("efs"), self.api("fsx"), self.api("s3"), self.config.storage)
         checks.check_checkpoint_bucket(self.api("s3"), self.config)
+        checks.check_existing_placement_groups(self.client, self.config)
         _ = self.kms_key_arn  # an unknown aws.kms_key_id is a config error, found before anything is created
         self.addresses()  # a subnet too small for the planned nodes is a config error
 
@@ -272,11 +273,10 @@ class AwsProvider(Provider):
         sections += [("compute", g.name, g.instance_type, g) for g in self.config.node_groups]
         templates = {}
         for role, nodegroup, instance_type, group in sections:
-            pg_name = None
-            if group and group.wants_placement_group:
-                pg_name = resources.placement_group_name(cluster, nodegroup)
-                if placement.ensure(self.client, pg_name, cluster):
-                    say(f"    placement group {pg_name} created")
+            pg_name = self._placement_group(group)
+            own = bool(group and pg_name and not group.existing_placement_group)
+            if own and placement.ensure(self.client, pg_name, cluster):
+                say(f"    placement group {pg_name} created")
             data = resources.template_data(
                 ami_id=ami_id,
                 info=self.infos[instance_type],
@@ -658,12 +658,15 @@ class AwsProvider(Provider):
         planned = {n.name: self._planned_host_vars(n) for n in self.nodes if n.name not in named}
         return aws_inventory(self.config, instances, infos, extra, addresses=addresses, planned_vars=planned)
 
+    def _placement_group(self, group: NodeGroup | None) -> str | None:
+        """The cluster placement group a node group launches into: an existing one it names, or its own."""
+        if group is None or not group.wants_placement_group:
+            return None
+        return group.existing_placement_group or resources.placement_group_name(self.config.cluster_name, group.name)
+
     def _planned_host_vars(self, node: NodeSpec) -> dict:
         """The aws hostvars of a node without an instance (not launched, or powered down)."""
-        group = self._group(node.nodegroup)
-        placement = None
-        if group is not None and group.wants_placement_group:
-            placement = resources.placement_group_name(self.config.cluster_name, group.name)
+        placement = self._placement_group(self._group(node.nodegroup))
         return {
             "clusterbake_instance_id": None,
             "clusterbake_instance_type": self._instance_type(node),
@@ -862,6 +865,13 @@ def aws_inventory(
         else:
             hostvars[planned.name] = dict((planned_vars or {}).get(planned.name, {}))
         hostvars[planned.name]["clusterbake_running"] = bool(instance and instance["State"]["Name"] == "running")
+        group = next((g for g in config.node_groups if g.name == planned.nodegroup), None)
+        if "efa" in planned.features and group is not None:
+            # Every EFA interface the launch template attaches (one per EFA card); the fewest of the group's
+            # types when it has several. The health check drains a node short of them (hardware review 17).
+            counts = [infos[t].efa_interfaces for t in group.types if t in infos]
+            if counts:
+                hostvars[planned.name]["node_health_efa_devices"] = min(counts)
     return build_inventory(config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
 
 

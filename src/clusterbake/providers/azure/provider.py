@@ -18,6 +18,7 @@ from pathlib import Path
 
 from clusterbake.config import ClusterConfig, NodeGroup
 from clusterbake.errors import ClusterbakeError, ConfigError
+from clusterbake.gpu_systems import infiniband_expectation
 from clusterbake.images.store import azure_image_source, find_azure_image
 from clusterbake.inventory import build_inventory
 from clusterbake.plan import NodeSpec, address_pool, assign_addresses
@@ -903,6 +904,9 @@ class AzureProvider(Provider):
                 "clusterbake_power_state": (vm or {}).get("power", "absent"),
                 "clusterbake_running": bool(vm and vm.get("power") == "running"),
             }
+            expected = infiniband_expectation(self._size(node)) if "ib" in node.features else None
+            if expected:  # the ports and rate the size has (role node_health drains a node short of them)
+                hostvars[node.name]["node_health_infiniband"] = expected
         return build_inventory(self.config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
 
     def _power_vars(self) -> dict | None:

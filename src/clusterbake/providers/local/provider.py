@@ -75,6 +75,8 @@ NFS_UNITS = (
     "run-rpc_pipefs.mount",
 )
 NVIDIA_MAJOR = 195  # the character device major number of NVIDIA's GPU devices
+# Read by the job templates (scripts/jobs/torchrun-node): this node's GPUs are placeholders, CPU is expected.
+PLACEHOLDER_GPUS_MARKER = "/etc/clusterbake/placeholder-gpus"
 # Compute nodes started at once by `cluster up`: each start is mostly waiting on `ip`, mount and
 # nspawn processes, which overlap; more than a few only crowd 2 cores.
 START_WORKERS = 4
@@ -424,7 +426,8 @@ class LocalProvider(Provider):
 
         Not GPUs: no driver answers them (opening one fails). They exist so that slurmd
         finds the gres.conf `File=` devices and schedules, binds and counts them as it
-        would on a GPU node.
+        would on a GPU node. /etc/clusterbake/placeholder-gpus says so to the jobs (torchrun-node
+        refuses to train on the CPU when a job was given real GPUs that torch cannot use).
         """
         group = next((g for g in self.config.node_groups if g.name == self.node(name).nodegroup), None)
         if group is None or not group.gpus:
@@ -437,6 +440,9 @@ class LocalProvider(Provider):
             if not path.exists():
                 os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, index))
             devices[f"/dev/nvidia{index}"] = path
+        marker = directory / "placeholder-gpus"
+        marker.write_text(f"{group.gpus} placeholder GPUs of the local provider: no driver, jobs run on the CPU\n")
+        devices[PLACEHOLDER_GPUS_MARKER] = marker
         return devices
 
     def injected(self, kind: str) -> set[str]:
