@@ -34,10 +34,13 @@ def make_key(home: Path, uid: str) -> tuple[str, str]:
             ["gpg", "--batch", "--quiet", *args], env=env, check=True, capture_output=True, text=True
         ).stdout
 
-    gpg("--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never")
-    listing = gpg("--with-colons", "--list-keys", uid)
-    fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
-    return fingerprint, gpg("--armor", "--export", uid)
+    try:
+        gpg("--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never")
+        listing = gpg("--with-colons", "--list-keys", uid)
+        fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+        return fingerprint, gpg("--armor", "--export", uid)
+    finally:  # gpg starts an agent for the home: none is left behind
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], env=env, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -49,6 +49,8 @@ def test_on_azure_the_node_owns_nccl_conf_and_fabric_env_does_not_override_it(az
     assert environment["CLUSTERBAKE_FABRIC"] == "ib"
     assert not {"NCCL_IB_HCA", "NCCL_TOPO_FILE", "UCX_TLS"} & set(environment), environment
     assert environment["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+    # InfiniBand or a failed job: no silent fall-back to TCP sockets (NCCL_NET names the transport).
+    assert environment["NCCL_NET"] == "IB"
 
 
 def test_efa_leaves_device_rdma_to_libfabric(aws):
