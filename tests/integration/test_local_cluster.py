@@ -190,8 +190,14 @@ def test_slurm_conf_is_managed_and_configless(cluster):
 def test_slurmd_restarts_after_a_crash(cluster):
     before = on("cpu-1", "pidof slurmd").stdout.strip()
     on("cpu-1", "kill -9 $(pidof slurmd)")
-    restarted = poll(lambda: on("cpu-1", "pidof slurmd", check=False).stdout.strip(), timeout=30)
-    assert restarted and restarted != before
+
+    # The killed slurmd may still be listed for a moment (not reaped yet): wait for another pid.
+    def new_pid():
+        pid = on("cpu-1", "pidof slurmd", check=False).stdout.strip()
+        return pid if pid and pid != before else None
+
+    restarted = poll(new_pid, timeout=30)
+    assert restarted, before
     assert poll(lambda: slurm_states().get("cpu-1") == "idle", timeout=60), slurm_states()
 
 
