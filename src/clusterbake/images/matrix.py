@@ -23,11 +23,12 @@ from pathlib import Path
 import yaml
 
 from clusterbake.errors import ClusterbakeError
+from clusterbake.images.inputs import MANIFEST_PATH
 from clusterbake.paths import repo_root
+from clusterbake.wheelhouse import REQUIREMENTS
 
-MANIFEST = Path("ansible/group_vars/all/versions.yml")
-RULES = Path("ansible/group_vars/all/gpu_compatibility.yml")
-REQUIREMENTS = Path("roles/training_env/files/requirements.in")
+MANIFEST = MANIFEST_PATH
+RULES = MANIFEST_PATH.with_name("gpu_compatibility.yml")
 # What each provider's images hold (the local provider's nodes have placeholder GPUs, no driver).
 PARTS = {
     "local": ("torch",),
