@@ -142,14 +142,20 @@ def serve(agent: Agent, socket_path: Path) -> None:
                 self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
 
         def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            if length > MAX_BODY:
+                self._answer(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a body over {MAX_BODY} bytes"})
+                return
+            # Read the body before any answer: closing with it unread resets the connection, and the
+            # caller sees a broken pipe instead of the refusal.
+            body = self.rfile.read(length)
             if not self._authorized():
                 return
-            length = int(self.headers.get("Content-Length", 0))
-            if self.path != "/power" or length > MAX_BODY:
+            if self.path != "/power":
                 self._answer(HTTPStatus.NOT_FOUND, {"error": self.path})
                 return
             try:
-                request = json.loads(self.rfile.read(length))
+                request = json.loads(body)
                 action, nodes = request["action"], list(request["nodes"])
             except (ValueError, KeyError, TypeError):
                 self._answer(HTTPStatus.BAD_REQUEST, {"error": "expected {action, nodes}"})
