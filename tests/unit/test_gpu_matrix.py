@@ -124,6 +124,13 @@ def test_a_toolkit_newer_than_the_driver_and_nccl_without_its_cuda_build():
     assert rows["nccl"].result == "incompatible" and rows["nccl"].fix == "nccl >= 2.27.7"
 
 
+def test_gdrcopy_needs_a_release_nvidia_builds_for_the_cuda_major():
+    assert verdicts("aws")["gdrcopy"].result == "ok"
+    old = verdicts("aws", gdrcopy={"version": "2.4", "release": "1"})["gdrcopy"]
+    assert (old.result, old.against, old.fix) == ("incompatible", "CUDA 13.0", "gdrcopy >= 2.5.1")
+    assert "gdrcopy" not in verdicts("azure")  # Azure's images have no EFA, so no GDRCopy role
+
+
 def test_the_end_of_life_amlfs_client_has_no_build_for_the_images_kernel():
     rows = verdicts("azure", amlfs_client={"version": "2.16.1-14-gbc76088"})
     amlfs = rows["amlfs client"]

@@ -321,6 +321,53 @@ def test_efa_finds_the_plugin_of_older_and_newer_installers(check_run):
     }
 
 
+def test_gdrcopy_comes_from_nvidias_packages_for_the_cuda_major_after_the_driver(check_run, manifest):
+    downloads = fact(check_run, "Name the GDRCopy downloads", "gdrcopy_downloads")
+    version = f"{manifest['gdrcopy']['version']}-{manifest['gdrcopy']['release']}"
+    cuda_major = manifest["cuda"]["version"].split(".")[0]
+    arch, deb_arch = {"x86_64": ("x64", "amd64"), "aarch64": ("aarch64", "arm64")}[platform.machine()]
+    facts = records(check_run, "Gather the minimal facts (distribution, architecture, kernel)")
+    # Rendered with this machine's facts (Debian 12): on the AWS builder, ubuntu24_04 and Ubuntu24_04.
+    os_release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
+    distro, release = os_release["ID"].strip('"'), os_release["VERSION_ID"].strip('"').replace(".", "_")
+    tag = f"{distro.capitalize()}{release}"
+    base = (
+        f"https://developer.download.nvidia.com/compute/redist/gdrcopy/CUDA%20{cuda_major}.0/{distro}{release}/{arch}/"
+    )
+    assert facts  # the role gathered what the names need
+    assert downloads == {
+        "gdrdrv-dkms": f"{base}gdrdrv-dkms_{version}_{deb_arch}.{tag}.deb",
+        "libgdrapi": f"{base}libgdrapi_{version}_{deb_arch}.{tag}.deb",
+        # NVIDIA's name for the test programs carries the CUDA series, '+' escaped in the URL.
+        "gdrcopy-tests": f"{base}gdrcopy-tests_{version}_{deb_arch}.{tag}%2Bcuda{cuda_major}.0.deb",
+        "gdrcopy": f"{base}gdrcopy_{version}_{deb_arch}.{tag}.deb",
+    }
+    # After the driver it is built against, before the EFA installer (AWS's order).
+    install_play = first_play(check_run)
+    install_end = [r["task"] for r in install_play].index("Collect the GPU stack's versions from its roles")
+    roles = [r["role"] for r in install_play[:install_end]]
+    gdrcopy = roles.index("gdrcopy")
+    assert max(i for i, role in enumerate(roles) if role == "nvidia_driver") < gdrcopy
+    assert gdrcopy < roles.index("efa")
+    image = (REPO / "ansible" / "image.yml").read_text()
+    assert image.index("name: nvidia_driver") < image.index("name: gdrcopy") < image.index("name: efa\n")
+
+
+def test_gdrcopy_records_its_module_and_says_what_is_not_pinned(check_run):
+    (unpinned,) = [r for r in first_play(check_run) if r["task"].endswith("Name the packages that are not pinned yet")]
+    assert "GDRCopy gdrdrv-dkms, libgdrapi, gdrcopy-tests, gdrcopy: no sha256" in unpinned["result"]["msg"]
+    record = fact(check_run, "Record GDRCopy's versions for versions.json", "gdrcopy_versions")
+    assert record["kernel_module"] == "2.6"  # the stand-in modinfo's answer for the image's kernel
+
+
+def test_an_infiniband_image_builds_nccl_tests_with_docas_open_mpi_not_the_distributions(check_run):
+    (case,) = [r for r in check_run["records"] if r["task"].endswith("Case nccl-doca-mpi recorded")]
+    assert case["result"]["nccl_versions"]["mpi_home"] == str(FIXTURES / "doca-mpi" / "one" / "openmpi-4.1.7a1")
+    # The distribution's Open MPI is installed only when neither EFA's nor DOCA's is there.
+    task = (REPO / "roles" / "nccl" / "tasks" / "install.yml").read_text()
+    assert "(__nccl_system_mpi_packages if nccl_mpi == 'system' else [])" in task
+
+
 def test_efa_removes_the_distributions_open_mpi_first(check_run):
     (record,) = [r for r in first_play(check_run) if r["task"].endswith("Remove the distribution's Open MPI")]
     assert record["status"] == "ok"
@@ -341,6 +388,7 @@ def test_versions_json_gets_a_gpu_section_from_every_role(check_run, manifest):
     assert set(gpu) == {
         "nvidia_driver",
         "cuda_toolkit",
+        "gdrcopy",
         "nccl",
         "efa",
         "dcgm",
@@ -356,6 +404,7 @@ def test_versions_json_gets_a_gpu_section_from_every_role(check_run, manifest):
     assert gpu["nccl"]["nccl"] == f"{manifest['nccl']['version']}+cuda{manifest['cuda']['version']}"
     assert gpu["nccl"]["mpi_home"] == "/opt/amazon/openmpi"  # EFA image: the installer's Open MPI
     assert gpu["efa"]["installer"] == manifest["efa_installer"]["version"]
+    assert gpu["gdrcopy"]["version"] == f"{manifest['gdrcopy']['version']}-{manifest['gdrcopy']['release']}"
     assert gpu["efa"]["ofi_nccl_plugin"].endswith(
         "/ofi-nccl/lib/" + platform.machine() + "-linux-gnu/libnccl-net-ofi.so"
     )
@@ -445,6 +494,18 @@ FAILURES = {
             "/nonexistent/aws-ofi-nccl/lib/libnccl-net.so exists",
             "NCCL would silently use TCP sockets instead of EFA",
         ],
+    ),
+    "gdrcopy-no-module": (
+        "Check that DKMS built gdrdrv for the image's kernel",
+        ["modinfo finds no gdrdrv module for kernel", "the DKMS build of gdrdrv-dkms failed"],
+    ),
+    "gdrcopy-bad-pins": (
+        "Check the GDRCopy pins",
+        ["must map package names (gdrdrv-dkms, libgdrapi, gdrcopy-tests, gdrcopy)"],
+    ),
+    "nccl-doca-two-mpis": (
+        "Check that DOCA-OFED installed one Open MPI",
+        ["/doca-mpi/two/openmpi-4.1.5rc2, ", "/doca-mpi/two/openmpi-4.1.7a1", "set nccl_mpi_home to the one"],
     ),
     "efa-unverified": (
         "Check that the installer can be verified before it runs",

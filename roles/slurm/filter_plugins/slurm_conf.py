@@ -182,8 +182,8 @@ def _device_range(first, count):
 def slurm_gres_conf_lines(hostvars, hosts):
     """gres.conf lines: the device files of each node's GPUs, nodes of one spec on one line.
 
-    AutoDetect=nvml would need Slurm's NVML plugin package (Debian's slurm-wlm-nvml-plugin, in
-    contrib; not installed in the images), so each `gpu[:type]:N` GRES of a node becomes
+    AutoDetect=nvml would need Slurm's NVML plugin package (Debian 12's slurm-wlm-nvml-plugin, in
+    contrib; Ubuntu 24.04, the cloud images' release, has none), so each `gpu[:type]:N` GRES of a node becomes
     `NodeName=<hostlist> Name=gpu Type=<type> File=/dev/nvidia[i-j]`, the devices
     numbered in the order of the node's GRES entries (the NVIDIA driver's minor
     numbers). Other GRES need no gres.conf line (their count is in slurm.conf).

@@ -32,7 +32,7 @@ RULES = MANIFEST_PATH.with_name("gpu_compatibility.yml")
 # What each provider's images hold (the local provider's nodes have placeholder GPUs, no driver).
 PARTS = {
     "local": ("torch",),
-    "aws": ("driver", "cuda", "torch", "nccl", "dcgm", "efa_installer", "lustre_client", "mountpoint_s3"),
+    "aws": ("driver", "cuda", "torch", "nccl", "dcgm", "gdrcopy", "efa_installer", "lustre_client", "mountpoint_s3"),
     "azure": ("driver", "cuda", "torch", "nccl", "dcgm", "doca_ofed", "amlfs_client", "blobfuse2"),
 }
 FAILING = ("incompatible", "unknown")
@@ -201,6 +201,12 @@ def _dcgm(inputs: Inputs) -> Pair:
     return _first_for_cuda(inputs, "dcgm", str(inputs.manifest["dcgm"]["version"]), "dcgm_first_for_cuda_major")
 
 
+def _gdrcopy(inputs: Inputs) -> Pair:
+    gdrcopy = inputs.manifest["gdrcopy"]
+    version = f"{gdrcopy['version']}-{gdrcopy['release']}"
+    return _first_for_cuda(inputs, "gdrcopy", version, "gdrcopy_first_for_cuda_major")
+
+
 def _kernel_series(inputs: Inputs, cloud: str) -> str:
     return str((inputs.manifest.get("kernel_series") or {}).get(cloud, ""))
 
@@ -236,6 +242,7 @@ def pairs(inputs: Inputs, provider: str, today: datetime.date | None = None) -> 
         "torch": lambda: _torch(inputs) if provider != "local" else _local_torch(inputs),
         "nccl": lambda: _nccl(inputs),
         "dcgm": lambda: _dcgm(inputs),
+        "gdrcopy": lambda: _gdrcopy(inputs),
         "amlfs_client": lambda: _amlfs(inputs),
         "efa_installer": lambda: _not_checked(
             "efa installer", m["efa_installer"]["version"], "no published rule; its GPG signature and the EFA check"
