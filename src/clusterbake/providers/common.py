@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from clusterbake import remote
+from clusterbake.config import ClusterConfig
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.remote import Endpoint
 from clusterbake.state import ClusterDir
@@ -129,6 +130,18 @@ def wait_ssh(endpoint: Endpoint, timeout: float, hint: str) -> None:
         raise
     except remote.RemoteError as exc:
         raise ClusterbakeError(f"{exc}\n{hint}") from exc
+
+
+def instance_type_fields(config: ClusterConfig) -> list[tuple[str, str]]:
+    """(field path, instance type or VM size) of the head and every node group (each of a group's
+    instance_types), those that are set."""
+    fields = [("head.instance_type", config.head.instance_type)]
+    for i, group in enumerate(config.node_groups):
+        if group.instance_types:
+            fields += [(f"node_groups.{i}.instance_types.{j}", t) for j, t in enumerate(group.instance_types)]
+        else:
+            fields.append((f"node_groups.{i}.instance_type", group.instance_type))
+    return [(field, value) for field, value in fields if value]
 
 
 def check_fallback_types(field: str, infos: list) -> None:

@@ -187,3 +187,84 @@ class TwinNodes:
         if self.storage.exists():
             subprocess.run(["rm", "-rf", "--one-file-system", str(self.storage)], check=True)
         return removed
+
+
+RUN, STOP, REMOVE = "run", "stop", "remove"
+BOOT_RETRY = 30.0  # seconds before a node whose start failed is tried again
+
+
+@dataclass
+class Wanted:
+    """What a twin's cloud says of one VM, for the node keeper."""
+
+    key: str
+    what: str  # in the log: "instance i-0abc", "VM cpu-1"
+    state: str  # RUN, STOP (keep the disk) or REMOVE (the VM is gone or going)
+    spec: Callable[[], NodeSpec]  # how to boot it
+    # Why it must not boot (not in the twin's network), asked only before a boot.
+    outside: Callable[[], str | None] = lambda: None
+    restart: bool = False  # the cloud restarted a VM whose node runs: the node reboots
+    # What the cloud records when the node powers itself off (EC2 and Azure: the VM is stopped).
+    stopped_inside: Callable[[], None] = lambda: None
+
+
+class NodeKeeper:
+    """One state machine for both twins' nodes: boot what the cloud runs (retrying a failed start
+    after BOOT_RETRY), stop a VM whose node powered itself off, stop or remove what the cloud stopped
+    or deleted, remove nodes of VMs the cloud no longer has."""
+
+    def __init__(self, nodes: TwinNodes, log: Callable[[str], None]):
+        self.nodes = nodes
+        self.log = log
+        self.started: set[str] = set()
+        self.failed: dict[str, float] = {}  # key -> when its node's start failed
+
+    def keep(self, wanted: list[Wanted], now: Callable[[], float]) -> set[str]:
+        """Bring the nodes to `wanted`; the keys whose nodes run (or were just booted)."""
+        running = self.nodes.running()
+        known = self.nodes.known()
+        up: set[str] = set()
+        for vm in wanted:
+            pid = running.get(vm.key)
+            if vm.state == RUN:
+                if pid and vm.restart:
+                    self.log(f"{vm.what} restarts: rebooting its node")
+                    self.nodes.stop(vm.key, pid)
+                    pid = None
+                    self.started.discard(vm.key)
+                if pid:
+                    up.add(vm.key)
+                elif vm.key in self.started:
+                    self.log(f"node of {vm.what} shut down from inside: the VM is stopped")
+                    self.started.discard(vm.key)
+                    vm.stopped_inside()
+                    self.nodes.stop(vm.key, None)
+                elif now() - self.failed.get(vm.key, -1e9) < BOOT_RETRY:
+                    continue
+                elif reason := vm.outside():
+                    self.failed[vm.key] = now()
+                    self.log(f"{vm.what} {reason}: not booted")
+                else:
+                    self._boot(vm, now)
+                    if vm.key in self.started:
+                        up.add(vm.key)
+            elif vm.state == STOP and (pid or vm.key in self.started):
+                self.started.discard(vm.key)
+                self.nodes.stop(vm.key, pid)
+            elif vm.state == REMOVE and (pid or vm.key in known):
+                self.started.discard(vm.key)
+                self.nodes.remove(vm.key, pid)
+        for orphan in (set(running) | known) - {vm.key for vm in wanted}:
+            self.started.discard(orphan)
+            self.nodes.remove(orphan, running.get(orphan))
+        return up
+
+    def _boot(self, vm: Wanted, now: Callable[[], float]) -> None:
+        import traceback
+
+        try:
+            self.nodes.boot(vm.spec())
+            self.started.add(vm.key)
+        except Exception:
+            self.failed[vm.key] = now()
+            self.log(f"node of {vm.what} failed to start:\n{traceback.format_exc()}")

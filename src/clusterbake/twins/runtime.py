@@ -1,11 +1,15 @@
-"""What the twins' processes share (twins/aws/daemon.py, twins/azure/daemon.py): logging, entering
-the service namespace, private files, and the control socket tests and the CLI talk to."""
+"""What the twins' processes share (twins/aws/daemon.py, twins/azure/daemon.py): the daemon's
+arguments and life (run_daemon), logging, entering the service namespace, and the control socket
+tests and the CLI talk to."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import ctypes
 import json
 import os
+import signal
 import threading
 import traceback
 from collections.abc import Callable
@@ -13,7 +17,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from socketserver import ThreadingMixIn, UnixStreamServer
-from typing import Any
+from typing import Any, Protocol
 
 CLONE_NEWNET = 0x40000000
 
@@ -90,3 +94,51 @@ def keep_reconciling(reconcile: Callable[[], None], stopping: threading.Event, p
         except Exception:
             log(f"reconcile failed:\n{traceback.format_exc()}")
         stopping.wait(poll)
+
+
+class TwinDaemon(Protocol):
+    stopping: threading.Event
+    nodes: Any  # twins.nodes.TwinNodes, or None before the cloud is up
+
+    def keep_nodes(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def daemon_parser(cloud: str, port: int, listeners: str, image_help: str) -> argparse.ArgumentParser:
+    """The arguments every twin's daemon takes (twins/control.py passes them), before its own."""
+    parser = argparse.ArgumentParser(description=f"the {cloud} twin (started by `clusterbake twin up`)")
+    parser.add_argument("--state", required=True)
+    parser.add_argument("--address", required=True, help=f"the bridge address {listeners} on")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--subnet-cidr", required=True)
+    parser.add_argument("--image", action="append", default=[], help=image_help)
+    return parser
+
+
+def run_daemon(root: Path, twin: TwinDaemon, start: Callable[[], dict[str, Any]]) -> int:
+    """A twin daemon's life: SIGTERM or SIGINT stops it; `start` brings its cloud up and returns what
+    twin.json says of it (`twin up` waits for that file); then the nodes are kept until the stop. On
+    the way out, whatever happened, every node is removed and twin.json and the control socket go."""
+
+    def stop(signum, frame) -> None:
+        twin.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        info = {"pid": os.getpid(), **start()}
+        (root / "twin.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        log("ready")
+        twin.keep_nodes()
+    except Exception:
+        log(f"twin failed:\n{traceback.format_exc()}")
+        return 1
+    finally:
+        removed = twin.nodes.remove_all() if twin.nodes is not None else []
+        log(f"stopped; removed nodes {removed}")
+        twin.close()
+        for name in ("twin.json", "control.sock"):
+            with contextlib.suppress(OSError):
+                (root / name).unlink()
+    return 0

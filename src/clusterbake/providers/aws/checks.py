@@ -11,18 +11,7 @@ from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
 from clusterbake.providers.aws.api import call, error_code, paginate
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
-from clusterbake.providers.common import check_fallback_types
-
-
-def instance_type_fields(config: ClusterConfig) -> list[tuple[str, str]]:
-    """(field path, instance type) of the head and every node group (each of a group's instance_types)."""
-    fields = [("head.instance_type", config.head.instance_type)]
-    for i, group in enumerate(config.node_groups):
-        if group.instance_types:
-            fields += [(f"node_groups.{i}.instance_types.{j}", t) for j, t in enumerate(group.instance_types)]
-        else:
-            fields.append((f"node_groups.{i}.instance_type", group.instance_type))
-    return [(field, value) for field, value in fields if value]
+from clusterbake.providers.common import check_fallback_types, instance_type_fields
 
 
 def subnet_zone(client, config: ClusterConfig) -> str:

@@ -19,7 +19,7 @@ from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
 from clusterbake.providers.azure.api import get_or_none
 from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, uses_infiniband
-from clusterbake.providers.common import check_fallback_types
+from clusterbake.providers.common import check_fallback_types, instance_type_fields
 
 QUOTA_HINT = "request more in the Azure portal (Quotas > Compute) or plan fewer nodes"
 
@@ -30,17 +30,6 @@ class Subnet:
     prefix: str
     location: str
     service_endpoints: tuple[str, ...] = ()
-
-
-def size_fields(config: ClusterConfig) -> list[tuple[str, str]]:
-    """(field path, VM size) of the head and every node group (each of a group's instance_types)."""
-    fields = [("head.instance_type", config.head.instance_type)]
-    for i, group in enumerate(config.node_groups):
-        if group.instance_types:
-            fields += [(f"node_groups.{i}.instance_types.{j}", t) for j, t in enumerate(group.instance_types)]
-        else:
-            fields.append((f"node_groups.{i}.instance_type", group.instance_type))
-    return fields
 
 
 def check_subnet(network, config: ClusterConfig) -> Subnet:
@@ -72,7 +61,7 @@ def check_subnet(network, config: ClusterConfig) -> Subnet:
 def check_sizes(config: ClusterConfig, catalogue: Catalogue) -> dict[str, SkuInfo]:
     azure = config.azure
     infos: dict[str, SkuInfo] = {}
-    for field, size in size_fields(config):
+    for field, size in instance_type_fields(config):
         info = catalogue.get(size)
         if info is None:
             raise ConfigError(

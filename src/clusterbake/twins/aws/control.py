@@ -1,27 +1,15 @@
-"""`clusterbake twin up|status|down aws`: the EC2 twin's host side.
-
-`up` builds (or reuses) the twin's node image, creates the twin's bridge (the VPC's
-range, the host at its first address) and the service namespace that holds
-169.254.169.254, starts the twin process (daemon.py) in a session of its own, waits
-until it answers, and prints the environment that points boto3 at it. `down` stops the
-process (which removes every node), then removes anything a dead process left behind:
-nodes, namespaces, the bridge and the twin's directory.
-"""
+"""`clusterbake twin up|status|down aws`: the EC2 twin's host side (the lifecycle is
+twins/control.py's): its VPC's range, the metadata address, the daemon's region and zone,
+and the environment that points boto3 at moto."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
-from clusterbake.config import ClusterConfig
-from clusterbake.errors import ClusterbakeError
-from clusterbake.nspawn import network
-from clusterbake.progress import phase, say
 from clusterbake.state import StateDir
-from clusterbake.twins import host
 from clusterbake.twins.aws.daemon import SERVICE_NETNS
 from clusterbake.twins.aws.nodes import METADATA_ADDRESS, TWIN_NETWORK, Nodes
+from clusterbake.twins.control import TwinControl
 
 VPC_CIDR = "10.90.0.0/16"
 SUBNET_CIDR = "10.90.0.0/24"
@@ -29,98 +17,51 @@ PORT = 4566
 REGION = "us-east-1"
 ZONE = "us-east-1a"
 PROFILE = "clusterbake-twin"
-START_TIMEOUT = 120.0
-# Values `twin up` does not print: the administrator key is in a 0600 credentials file.
-SECRET_ENV: tuple[str, ...] = ()
-STOP_TIMEOUT = 120.0
-# The node image's features: the training environment and the AWS boot path.
-IMAGE_FEATURES = ["train", "aws"]
 
 
-def twin_dir(state: StateDir) -> Path:
-    return state.root / "twins" / "aws"
+class Ec2TwinControl(TwinControl):
+    cloud = "aws"
+    title = "EC2 twin"
+    network_cidr = VPC_CIDR
+    subnet_cidr = SUBNET_CIDR
+    port = PORT
+    # The training environment and the AWS boot path.
+    image_features = ["train", "aws"]
+    twin_network = TWIN_NETWORK
+    service_netns = SERVICE_NETNS
+    service_addresses = (METADATA_ADDRESS,)
+    daemon_module = "clusterbake.twins.aws.daemon"
+    # Nothing secret is printed: the administrator key is in a 0600 credentials file.
+    secret_env = ()
+    foreign_env = ("AWS_",)
 
+    def daemon_arguments(self, directory: Path) -> list[str]:
+        return ["--region", REGION, "--zone", ZONE, "--vpc-cidr", VPC_CIDR]
 
-def bridge_address() -> str:
-    return str(network.host_address(VPC_CIDR).ip)
-
-
-def environment(state: StateDir, info: dict) -> dict[str, str]:
-    return {
-        "AWS_ENDPOINT_URL": info["endpoint"],
-        "AWS_SHARED_CREDENTIALS_FILE": str(twin_dir(state) / "credentials"),
-        "AWS_PROFILE": PROFILE,
-        "AWS_DEFAULT_REGION": info["region"],
-    }
-
-
-def read_info(state: StateDir) -> dict | None:
-    return host.read_info(twin_dir(state) / "twin.json")
-
-
-def _service_namespace() -> None:
-    """The namespace that answers for 169.254.169.254 on the bridge (the host keeps its own routes)."""
-    host.ensure_service_namespace(TWIN_NETWORK, SERVICE_NETNS, (METADATA_ADDRESS,), VPC_CIDR)
-
-
-def node_image(config: ClusterConfig, state: StateDir) -> Path:
-    return host.node_image(config, state, IMAGE_FEATURES)
-
-
-def up(config: ClusterConfig, state: StateDir) -> dict[str, str]:
-    if os.geteuid() != 0:
-        raise ClusterbakeError("the EC2 twin boots nodes (systemd-nspawn, network namespaces): run it as root")
-    directory = twin_dir(state)
-    info = read_info(state)
-    if info:
-        say(f"==> the EC2 twin already runs (pid {info['pid']})")
-        return environment(state, info)
-    image = node_image(config, state)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with phase("EC2 twin: bridge and metadata namespace"):
-        network.ensure_bridge(TWIN_NETWORK, VPC_CIDR)
-        _service_namespace()
-    log_file = directory / "twin.log"
-    with phase("EC2 twin: start"):
-        say(f"    log: {log_file}")
-        argv = [
-            sys.executable, "-m", "clusterbake.twins.aws.daemon",
-            "--state", str(directory), "--address", bridge_address(), "--port", str(PORT),
-            "--region", REGION, "--zone", ZONE, "--vpc-cidr", VPC_CIDR, "--subnet-cidr", SUBNET_CIDR,
-            "--image", f"{image.name}={image}",
-        ]  # fmt: skip
-        # The twin is the cloud, not a client of one: none of the caller's AWS settings apply to it.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    def daemon_environment(self, directory: Path, env: dict[str, str]) -> dict[str, str]:
         # EC2's capacity, as tests set it (PUT /capacity on the control socket): moto_ext's switch.
-        env["MOTO_CAPACITY_FILE"] = str(directory / "capacity.json")
-        info = host.start_process(argv, env, log_file, lambda: read_info(state), START_TIMEOUT, "EC2 twin")
-    say(
-        f"    EC2 twin at {info['endpoint']}: VPC {info['vpc_id']}, subnet {info['subnet_id']} "
-        f"({info['subnet_cidr']}, {info['availability_zone']}), AMI {', '.join(info['amis'].values())}"
-    )
-    return environment(state, info)
+        return {**env, "MOTO_CAPACITY_FILE": str(directory / "capacity.json")}
+
+    def environment(self, state: StateDir, info: dict) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": info["endpoint"],
+            "AWS_SHARED_CREDENTIALS_FILE": str(self.twin_dir(state) / "credentials"),
+            "AWS_PROFILE": PROFILE,
+            "AWS_DEFAULT_REGION": info["region"],
+        }
+
+    def summary(self, info: dict) -> str:
+        return (
+            f"VPC {info['vpc_id']}, subnet {info['subnet_id']} ({info['subnet_cidr']}, "
+            f"{info['availability_zone']}), AMI {', '.join(info['amis'].values())}"
+        )
+
+    def remove_nodes(self, directory: Path) -> list[str]:
+        return Nodes(directory, VPC_CIDR, lambda m: None).remove_all()
 
 
-def request(state: StateDir, method: str, path: str, body: dict | None = None) -> dict:
-    """A call to the running twin's control socket."""
-    return host.control_request(twin_dir(state), read_info(state) is not None, "EC2 twin", "aws", method, path, body)
-
-
-def status(state: StateDir) -> dict:
-    info = read_info(state)
-    if info is None:
-        return {"running": False}
-    return {"running": True, **info, **request(state, "GET", "/status")}
-
-
-def down(state: StateDir) -> list[str]:
-    directory = twin_dir(state)
-    return host.take_down(
-        directory,
-        read_info(state),
-        "EC2 twin",
-        STOP_TIMEOUT,
-        lambda: Nodes(directory, VPC_CIDR, lambda m: None).remove_all(),
-        TWIN_NETWORK,
-        SERVICE_NETNS,
-    )
+CONTROL = Ec2TwinControl()
+IMAGE_FEATURES = CONTROL.image_features
+SECRET_ENV = CONTROL.secret_env
+twin_dir, read_info, node_image = CONTROL.twin_dir, CONTROL.read_info, CONTROL.node_image
+up, request, status, down = CONTROL.up, CONTROL.request, CONTROL.status, CONTROL.down

@@ -29,21 +29,18 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
-import traceback
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from clusterbake.state import open_private
-from clusterbake.twins.runtime import in_netns, iso, keep_reconciling, log, serve_control
+from clusterbake.twins.runtime import daemon_parser, in_netns, iso, keep_reconciling, log, run_daemon, serve_control
 
 ACCOUNT = "123456789012"
 SEED = 20261201
@@ -68,6 +65,7 @@ def unpredictable_moto_random() -> None:
 class Twin:
     def __init__(self, args: argparse.Namespace):
         from clusterbake.twins.aws.nodes import Nodes
+        from clusterbake.twins.nodes import NodeKeeper
 
         self.args = args
         self.root = Path(args.state)
@@ -75,11 +73,10 @@ class Twin:
         self.images: dict[str, Path] = {}  # AMI id -> image root
         self.notices: dict[str, dict[str, Any]] = {}  # instance id -> {"spot": ..., "rebalance": ...}
         self.credentials_cache: dict[tuple[str, str], dict] = {}
-        self.failed: dict[str, float] = {}  # instance id -> when a node start failed
-        self.started: set[str] = set()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.nodes = Nodes(self.root, args.vpc_cidr, log)
+        self.keeper = NodeKeeper(self.nodes, log)
 
     # --- moto --------------------------------------------------------------------
 
@@ -348,51 +345,38 @@ class Twin:
 
     def reconcile(self) -> None:
         from clusterbake.twins.aws.nodes import Instance
+        from clusterbake.twins.nodes import REMOVE, RUN, STOP, Wanted
 
-        running = self.nodes.running()
-        known = self.nodes.known()
-        seen = set()
+        def subnet_of(instance):
+            return self.ec2.get_subnet(instance.subnet_id) if instance.subnet_id else None
+
+        def outside(instance) -> str | None:
+            subnet = subnet_of(instance)
+            return None if subnet and subnet.vpc_id == self.vpc_id else f"is not in the twin's VPC {self.vpc_id}"
+
+        wanted = []
         for instance in self.instances():
-            seen.add(instance.id)
             image = self.images.get(instance.image_id)
-            if image is None:
+            if image is None:  # not an image of the twin's: it never has a node
                 continue
-            state = instance.state
-            pid = running.get(instance.id)
             self._enforce_notice(instance)
-            if state in ("pending", "running"):
-                if pid:
-                    continue
-                if instance.id in self.started:
-                    # The node powered itself off: EC2 stops the instance.
-                    log(f"node {instance.id} shut down from inside: stopping the instance")
-                    self.started.discard(instance.id)
-                    self.ec2.stop_instances([instance.id])
-                    self.nodes.stop(instance.id, None)
-                    continue
-                if time.monotonic() - self.failed.get(instance.id, -1e9) < 30:
-                    continue
-                subnet = self.ec2.get_subnet(instance.subnet_id) if instance.subnet_id else None
-                if subnet is None or subnet.vpc_id != self.vpc_id:
-                    self.failed[instance.id] = time.monotonic()
-                    log(f"instance {instance.id} is not in the twin's VPC {self.vpc_id}: not booted")
-                    continue
-                try:
-                    self.nodes.start(Instance(instance.id, state, instance.private_ip, subnet.cidr_block, image))
-                    self.started.add(instance.id)
-                except Exception:
-                    self.failed[instance.id] = time.monotonic()
-                    log(f"node {instance.id} failed to start:\n{traceback.format_exc()}")
-            elif state in ("stopping", "stopped"):
-                if pid or instance.id in self.started:
-                    self.started.discard(instance.id)
-                    self.nodes.stop(instance.id, pid)
-            elif state in ("shutting-down", "terminated") and (pid or instance.id in known):
-                self.started.discard(instance.id)
+            state = {"pending": RUN, "running": RUN, "stopping": STOP, "stopped": STOP}.get(instance.state, REMOVE)
+            if state == REMOVE:
                 self.notices.pop(instance.id, None)
-                self.nodes.remove(instance.id, pid)
-        for orphan in (set(running) | known) - seen:
-            self.nodes.remove(orphan, running.get(orphan))
+            wanted.append(
+                Wanted(
+                    key=instance.id,
+                    what=f"instance {instance.id}",
+                    state=state,
+                    spec=lambda i=instance, image=image: self.nodes.spec(
+                        Instance(i.id, i.state, i.private_ip, subnet_of(i).cidr_block, image)
+                    ),
+                    outside=lambda i=instance: outside(i),
+                    # EC2 stops an instance whose OS powered off.
+                    stopped_inside=lambda i=instance: self.ec2.stop_instances([i.id]),
+                )
+            )
+        self.keeper.keep(wanted, time.monotonic)
         self.sync_storage()
 
     def _enforce_notice(self, instance) -> None:
@@ -427,6 +411,9 @@ class Twin:
 
     def keep_nodes(self) -> None:
         keep_reconciling(self.reconcile, self.stopping, POLL)
+
+    def close(self) -> None:
+        """Nothing to close: moto and the metadata service end with the process."""
 
     # --- control ---------------------------------------------------------------------
 
@@ -521,26 +508,16 @@ class Twin:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="the EC2 twin (started by `clusterbake twin up aws`)")
-    parser.add_argument("--state", required=True)
-    parser.add_argument("--address", required=True, help="the bridge address moto listens on")
-    parser.add_argument("--port", type=int, default=4566)
+    parser = daemon_parser("EC2", 4566, "moto listens", "NAME=IMAGE_DIR, registered as an AMI")
     parser.add_argument("--region", default="us-east-1")
     parser.add_argument("--zone", default="us-east-1a")
     parser.add_argument("--vpc-cidr", required=True)
-    parser.add_argument("--subnet-cidr", required=True)
-    parser.add_argument("--image", action="append", default=[], help="NAME=IMAGE_DIR, registered as an AMI")
     args = parser.parse_args(argv)
     os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
     twin = Twin(args)
     root = Path(args.state)
 
-    def stop(signum, frame) -> None:
-        twin.stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
+    def start() -> dict[str, Any]:
         twin.start_moto()
         account = twin.setup_account()
         twin.vpc_id = account["vpc_id"]
@@ -552,8 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         twin.start_imds()
         twin.serve_control(root / "control.sock")
-        info = {
-            "pid": os.getpid(),
+        return {
             "endpoint": f"http://{args.address}:{args.port}",
             "region": args.region,
             "availability_zone": args.zone,
@@ -564,20 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             "amis": account["amis"],
             "images": {ami: str(path.parent) for ami, path in twin.images.items()},
         }
-        (root / "twin.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        log("ready")
-        twin.keep_nodes()
-    except Exception:
-        log(f"twin failed:\n{traceback.format_exc()}")
-        return 1
-    finally:
-        removed = twin.nodes.remove_all()
-        log(f"stopped; removed nodes {removed}")
-        with contextlib.suppress(OSError):
-            (root / "twin.json").unlink()
-        with contextlib.suppress(OSError):
-            (root / "control.sock").unlink()
-    return 0
+
+    return run_daemon(root, twin, start)
 
 
 if __name__ == "__main__":

@@ -67,15 +67,13 @@ class Nodes(TwinNodes):
         super().__init__(root, TWIN_NETWORK, IFNAME, (vpc_cidr, f"{METADATA_ADDRESS}/32"), log, label=LABEL)
         self.vpc_cidr = vpc_cidr
 
-    def start(self, instance: Instance) -> None:
-        self.boot(
-            NodeSpec(
-                key=instance.instance_id,
-                address=instance.address,
-                subnet_cidr=instance.subnet_cidr,
-                image_root=instance.image_root,
-                hostname=ec2_hostname(instance.address),
-                mac=mac_of(instance.instance_id),
-                uuid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ec2:{instance.instance_id}")),
-            )
+    def spec(self, instance: Instance) -> NodeSpec:
+        return NodeSpec(
+            key=instance.instance_id,
+            address=instance.address,
+            subnet_cidr=instance.subnet_cidr,
+            image_root=instance.image_root,
+            hostname=ec2_hostname(instance.address),
+            mac=mac_of(instance.instance_id),
+            uuid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ec2:{instance.instance_id}")),
         )

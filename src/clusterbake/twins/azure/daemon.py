@@ -34,14 +34,11 @@ import argparse
 import contextlib
 import ipaddress
 import json
-import os
 import re
-import signal
 import ssl
 import sys
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
 import uuid
@@ -51,7 +48,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from clusterbake.twins.runtime import in_netns, keep_reconciling, log, serve_control
+from clusterbake.twins.runtime import daemon_parser, in_netns, keep_reconciling, log, run_daemon, serve_control
 
 POLL = 0.25
 SERVICE_NETNS = "cbsvc-twin-azure"
@@ -90,8 +87,6 @@ class AzureTwin:
         self.by_address: dict[str, dict[str, Any]] = {}  # the running VMs as IMDS answers them
         self.vms: dict[str, dict[str, Any]] = {}  # vmId -> what status shows
         self.operations_seen: set[str] = set()  # the ARM fake's operation ids the keeper has looked at
-        self.failed: dict[str, float] = {}
-        self.started: set[str] = set()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.servers: list = []
@@ -103,6 +98,7 @@ class AzureTwin:
         from clusterbake.twins.azure import arm
         from clusterbake.twins.azure.nodes import AzureNodes
         from clusterbake.twins.azure.tls import make_certificates
+        from clusterbake.twins.nodes import NodeKeeper
 
         directory = self.root / "arm"
         # The server certificate names the bridge address too (serve() makes none if these exist).
@@ -113,6 +109,7 @@ class AzureTwin:
         self.endpoints = json.loads((directory / "endpoints.json").read_text())
         self.context = ssl.create_default_context(cafile=str(self.ca_file))
         self.nodes = AzureNodes(self.root, self.vnet_cidr, self.ca_file, log)
+        self.keeper = NodeKeeper(self.nodes, log)
         self.arm.blob_root = self.nodes.storage / BLOBS
         self.arm.console_log = lambda vm_id: self.nodes.paths(vm_id).console_log
         log(f"ARM on {self.arm.base_url}, Key Vault proxy on {self.endpoints['proxy']}")
@@ -434,75 +431,55 @@ class AzureTwin:
         }
 
     def reconcile(self) -> None:
-        from clusterbake.twins.nodes import NodeSpec
+        from clusterbake.twins.nodes import RUN, STOP, NodeSpec, Wanted
 
         snap, restarted = self.snapshot()
         resources = snap["resources"]
         self.sync_storage()
-        running = self.nodes.running()
-        known = self.nodes.known()
-        seen: dict[str, dict] = {}
-        addresses: dict[str, dict] = {}
         vnet = ipaddress.ip_network(self.vnet_cidr)
+        seen: dict[str, dict] = {}
+        wanted = []
+
+        def outside(info: dict) -> str | None:
+            inside = info["subnet_cidr"] is not None and ipaddress.ip_network(info["subnet_cidr"]).subnet_of(vnet)
+            return None if inside else f"is not in the twin's virtual network {self.vnet_cidr}"
+
+        def stopped_inside(vm: dict) -> None:
+            # Azure leaves a VM whose OS powered off stopped (still allocated).
+            with self.arm.state.lock:
+                live = self.arm.state.resources.get(vm["id"].lower())
+                if live is not None and live.get("_power") in RUNNING:
+                    live["_power"] = "stopped"
+
         for vm in resources.values():
             if vm["type"] != "Microsoft.Compute/virtualMachines":
                 continue
             info = self.describe(vm, resources)
             if info is None:
                 continue
-            key = info["key"]
-            seen[key] = info
-            pid = running.get(key)
-            wanted = info["power"] in RUNNING and info["provisioning"] not in ("Failed", "Deleting")
-            if wanted:
-                if pid and info["id"].lower() in restarted:
-                    # restart (or start) of a VM whose node runs: the node reboots.
-                    log(f"VM {info['vm']} restarts: rebooting its node")
-                    self.nodes.stop(key, pid)
-                    pid = None
-                    self.started.discard(key)
-                if pid:
-                    addresses[info["address"]] = info
-                    continue
-                if key in self.started:
-                    # The node powered itself off: Azure leaves the VM stopped (still allocated).
-                    log(f"node of VM {info['vm']} shut down from inside: the VM is stopped")
-                    self.started.discard(key)
-                    with self.arm.state.lock:
-                        live = self.arm.state.resources.get(vm["id"].lower())
-                        if live is not None and live.get("_power") in RUNNING:
-                            live["_power"] = "stopped"
-                    self.nodes.stop(key, None)
-                    continue
-                if time.monotonic() - self.failed.get(key, -1e9) < 30:
-                    continue
-                if info["subnet_cidr"] is None or not ipaddress.ip_network(info["subnet_cidr"]).subnet_of(vnet):
-                    self.failed[key] = time.monotonic()
-                    log(f"VM {info['vm']} is not in the twin's virtual network {self.vnet_cidr}: not booted")
-                    continue
-                try:
-                    self.nodes.boot(
-                        NodeSpec(
-                            key=key,
-                            address=info["address"],
-                            subnet_cidr=info["subnet_cidr"],
-                            image_root=info["image_root"],
-                            hostname=info["instance"]["compute"]["osProfile"]["computerName"],
-                            mac=info["mac"],
-                            uuid=key,
-                        )
-                    )
-                    self.started.add(key)
-                    addresses[info["address"]] = info
-                except Exception:
-                    self.failed[key] = time.monotonic()
-                    log(f"node of VM {info['vm']} failed to start:\n{traceback.format_exc()}")
-            elif pid or key in self.started:
-                self.started.discard(key)
-                self.nodes.stop(key, pid)
-        for orphan in (set(running) | known) - set(seen):
-            self.started.discard(orphan)
-            self.nodes.remove(orphan, running.get(orphan))
+            seen[info["key"]] = info
+            run = info["power"] in RUNNING and info["provisioning"] not in ("Failed", "Deleting")
+            wanted.append(
+                Wanted(
+                    key=info["key"],
+                    what=f"VM {info['vm']}",
+                    state=RUN if run else STOP,
+                    spec=lambda info=info: NodeSpec(
+                        key=info["key"],
+                        address=info["address"],
+                        subnet_cidr=info["subnet_cidr"],
+                        image_root=info["image_root"],
+                        hostname=info["instance"]["compute"]["osProfile"]["computerName"],
+                        mac=info["mac"],
+                        uuid=info["key"],
+                    ),
+                    outside=lambda info=info: outside(info),
+                    restart=info["id"].lower() in restarted,
+                    stopped_inside=lambda vm=vm: stopped_inside(vm),
+                )
+            )
+        up = self.keeper.keep(wanted, time.monotonic)
+        addresses = {seen[key]["address"]: seen[key] for key in up}
         running = self.nodes.running()
         with self.lock:
             self.by_address = addresses
@@ -563,6 +540,11 @@ class AzureTwin:
     def keep_nodes(self) -> None:
         keep_reconciling(self.reconcile, self.stopping, POLL)
 
+    def close(self) -> None:
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                server.server_close()
+
     # --- control ------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -620,32 +602,21 @@ class AzureTwin:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="the Azure twin (started by `clusterbake twin up azure`)")
-    parser.add_argument("--state", required=True)
-    parser.add_argument("--address", required=True, help="the bridge address ARM and Key Vault listen on")
-    parser.add_argument("--port", type=int, default=8443)
+    parser = daemon_parser("Azure", 8443, "ARM and Key Vault listen", "NAME=IMAGE_DIR, created as a managed image")
     parser.add_argument("--proxy-port", type=int, default=8444)
     parser.add_argument("--location", default="eastus")
     parser.add_argument("--vnet-cidr", required=True)
-    parser.add_argument("--subnet-cidr", required=True)
-    parser.add_argument("--image", action="append", default=[], help="NAME=IMAGE_DIR, created as a managed image")
     args = parser.parse_args(argv)
     twin = AzureTwin(args)
     root = Path(args.state)
 
-    def stop(signum, frame) -> None:
-        twin.stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
+    def start() -> dict[str, Any]:
         twin.start_arm()
         twin.setup_subscription()
         twin.start_node_vault()
         twin.start_services()
         serve_control(root / "control.sock", twin.control)
-        info = {
-            "pid": os.getpid(),
+        return {
             "endpoint": twin.arm.base_url,
             "proxy": twin.endpoints["proxy"],
             "ca_file": str(twin.ca_file),
@@ -662,23 +633,8 @@ def main(argv: list[str] | None = None) -> int:
             "image_dirs": {image_id: str(path.parent) for image_id, path in twin.images.items()},
             "env": twin.endpoints["env"],
         }
-        (root / "twin.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        log("ready")
-        twin.keep_nodes()
-    except Exception:
-        log(f"twin failed:\n{traceback.format_exc()}")
-        return 1
-    finally:
-        removed = twin.nodes.remove_all() if twin.nodes is not None else []
-        log(f"stopped; removed nodes {removed}")
-        for server in twin.servers:
-            with contextlib.suppress(Exception):
-                server.server_close()
-        with contextlib.suppress(OSError):
-            (root / "twin.json").unlink()
-        with contextlib.suppress(OSError):
-            (root / "control.sock").unlink()
-    return 0
+
+    return run_daemon(root, twin, start)
 
 
 if __name__ == "__main__":
