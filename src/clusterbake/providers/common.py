@@ -132,6 +132,11 @@ def wait_ssh(endpoint: Endpoint, timeout: float, hint: str) -> None:
         raise ClusterbakeError(f"{exc}\n{hint}") from exc
 
 
+def resource_name(cluster: str, *parts: str) -> str:
+    """clusterbake-<cluster>[-<part>...]: how both clouds' resources of a cluster are named."""
+    return "-".join(("clusterbake", cluster, *parts))
+
+
 def instance_type_fields(config: ClusterConfig) -> list[tuple[str, str]]:
     """(field path, instance type or VM size) of the head and every node group (each of a group's
     instance_types), those that are set."""

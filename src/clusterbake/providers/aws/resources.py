@@ -23,20 +23,14 @@ from clusterbake.errors import ClusterbakeError
 from clusterbake.providers.aws import tags
 from clusterbake.providers.aws.api import THROTTLING, call, error_code, paginate
 from clusterbake.providers.aws.catalogue import InstanceTypeInfo
+from clusterbake.providers.common import resource_name
 
 DEPENDENCY = frozenset({"DependencyViolation"})
 
 
-def security_group_name(cluster: str) -> str:
-    return f"clusterbake-{cluster}"
-
-
-def template_name(cluster: str, nodegroup: str) -> str:
-    return f"clusterbake-{cluster}-{nodegroup}"
-
-
-def placement_group_name(cluster: str, nodegroup: str) -> str:
-    return f"clusterbake-{cluster}-{nodegroup}"
+# clusterbake-<cluster> (the security group), clusterbake-<cluster>-<node group> (a launch
+# template, a placement group).
+security_group_name = template_name = placement_group_name = resource_name
 
 
 # --- security group ---------------------------------------------------------------

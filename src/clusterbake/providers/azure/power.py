@@ -35,6 +35,7 @@ import uuid
 
 from clusterbake.providers.azure import rbac
 from clusterbake.providers.azure.api import arm_endpoint
+from clusterbake.providers.common import resource_name
 
 NAMESPACE = uuid.UUID("9d7f5c1a-2b3e-4f60-8a1d-5e6c7b8a9f01")
 API_VERSIONS = {"compute": "2024-07-01", "network": "2024-05-01"}
@@ -66,7 +67,7 @@ ACTIONS = [
 
 
 def head_identity_name(cluster: str) -> str:
-    return f"clusterbake-{cluster}-head"
+    return resource_name(cluster, "head")
 
 
 def _seed(subscription_id: str, resource_group: str, cluster: str) -> str:

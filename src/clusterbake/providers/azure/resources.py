@@ -27,22 +27,20 @@ import base64
 import hashlib
 
 from clusterbake.providers.azure import tags
+from clusterbake.providers.common import resource_name
 
 SSH_PRIORITY = 100  # 100, 101, ... one rule per CIDR
 CLUSTER_PRIORITY = 1000
 DENY_VNET_PRIORITY = 4000
 
 
-def cluster_name(cluster: str) -> str:
-    return f"clusterbake-{cluster}"
+# clusterbake-<cluster> (the NSG and the ASG), clusterbake-<cluster>-<node group>
+# (a group's scale set or placement group).
+cluster_name = group_resource_name = resource_name
 
 
 def identity_name(cluster: str) -> str:
-    return f"clusterbake-{cluster}-nodes"
-
-
-def group_resource_name(cluster: str, nodegroup: str) -> str:
-    return f"clusterbake-{cluster}-{nodegroup}"
+    return resource_name(cluster, "nodes")
 
 
 def vm_name(cluster: str, node: str) -> str:
