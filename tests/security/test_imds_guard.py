@@ -54,6 +54,8 @@ def namespace(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
+        # Before any rule: a refusal must be the guard's, not a service that does not listen yet.
+        assert connect_as(inside, 0) == "connected", "the stand-in metadata service did not listen"
         yield inside
     finally:
         server.terminate()
@@ -65,7 +67,7 @@ def connect_as(inside: list[str], uid: int) -> str:
     """Connect to the stand-in service from inside the namespace as `uid` (setpriv after `ip netns
     exec`, which needs root)."""
     become = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid else []
-    for _ in range(50):  # until the stand-in service listens
+    for _ in range(100):  # until the stand-in service listens (root only: others may be refused)
         out = subprocess.run([*inside, *become, "/usr/bin/python3", "-c", CLIENT], capture_output=True, text=True)
         answer = out.stdout.strip() or f"failed: {out.stderr.strip()}"
         if uid or answer == "connected":
