@@ -3,6 +3,8 @@ and known_hosts lines of replaced instances forgotten by `cluster up`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -80,7 +82,7 @@ def test_a_nodes_host_keys_are_pinned_from_its_console_before_anything_connects(
     gpu2_id, _ = _addresses(moto)["gpu-2"]
     moto.console(gpu2_id, "[    0.000000] Linux version 6.8.0\n")
     with pytest.raises(ClusterbakeError, match=f"has not shown its SSH host keys on its serial console.*{gpu2_id}"):
-        provider._pin_host_keys("gpu-2", "10.50.9.9", gpu2_id)
+        provider._pin_host_keys("gpu-2", dataclasses.replace(provider.machines()["gpu-2"], address="10.50.9.9"))
     assert HostKeys(str(provider.cluster.known_hosts)).lookup("10.50.9.9") is None
 
 

@@ -9,10 +9,11 @@ exponential backoff (with jitter) and lets every other error through at once
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
@@ -94,24 +95,31 @@ def paginate(
             return items
 
 
-def aws_errors(method: Callable) -> Callable:
+@contextlib.contextmanager
+def aws_error_translation() -> Iterator[None]:
     """Turn botocore's exceptions into ClusterbakeError: a message, no traceback."""
+    try:
+        yield
+    except NoCredentialsError:
+        raise ClusterbakeError(
+            "AWS: no credentials (set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or run where an instance role applies)"
+        ) from None
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        raise ClusterbakeError(
+            f"AWS {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}"
+        ) from exc
+    except BotoCoreError as exc:
+        raise ClusterbakeError(f"AWS: {exc}") from exc
+
+
+def aws_errors(method: Callable) -> Callable:
+    """aws_error_translation around a function."""
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with aws_error_translation():
             return method(*args, **kwargs)
-        except NoCredentialsError:
-            raise ClusterbakeError(
-                "AWS: no credentials (set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                "or run where an instance role applies)"
-            ) from None
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            raise ClusterbakeError(
-                f"AWS {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}"
-            ) from exc
-        except BotoCoreError as exc:
-            raise ClusterbakeError(f"AWS: {exc}") from exc
 
     return wrapper

@@ -12,40 +12,42 @@ from clusterbake.config import ClusterConfig, NodeGroup
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.images.store import aws_image_source, find_aws_image
 from clusterbake.inventory import build_inventory
-from clusterbake.plan import NodeSpec, address_pool, assign_addresses, plan_nodes
+from clusterbake.plan import NodeSpec, plan_nodes
 from clusterbake.progress import say
 from clusterbake.providers import common
 from clusterbake.providers.aws import billing, checks, discover, iam, placement, prices, resources, storage, tags
 from clusterbake.providers.aws import secrets as join_secrets
-from clusterbake.providers.aws.api import aws_errors, call, client, ec2_client, paginate
+from clusterbake.providers.aws.api import aws_error_translation, aws_errors, call, client, ec2_client, paginate
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.aws.launch import BATCH, GroupLaunch, NodeLaunch, launch_groups, wait_for_state
 from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data, user_data_template
-from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
-from clusterbake.remote import Endpoint
+from clusterbake.providers.base import BillingCheck, CostEstimate
+from clusterbake.providers.cloud import CloudProvider, Machine, NodeState, Publish
 from clusterbake.state import StateDir
 
-SSH_READY_TIMEOUT = 600.0
 # `cluster down`: terminate, then look again (a node the head launched meanwhile), this many times.
 DESTROY_ROUNDS = 3
-# AWS reserves the first four addresses of a subnet and the last (the network address and
-# the last are not hosts anyway): nodes start after the third host address.
-RESERVED_FIRST_HOSTS = 3
 # What a `destroy` lists one by one; above that, a count.
 LIST_LIMIT = 20
 
 
-class AwsProvider(Provider):
+class AwsProvider(CloudProvider):
     # Tags, not the local state file, say what exists: a failed first `cluster up`
     # rolls back its own launches (launch.py) and keeps the security group, placement
     # groups and launch templates for the next try; `cluster down` removes them.
     destroy_after_failed_first_provision = False
+    machine_noun = "instance"
+    create_verb = "launches"
+    ready_hint = "check aws.ssh_cidrs / aws.bastion and the instances' system logs (EC2 console output)"
+    sdk_errors = staticmethod(aws_error_translation)
+    subnet_field = "aws.subnet_id"
 
     def __init__(self, config: ClusterConfig, state: StateDir, client=None):
         if config.aws is None:
             raise ConfigError("aws: required with provider aws")
         super().__init__(config, state)
         self.aws = config.aws
+        self.login_user, self.bastion = self.aws.ssh_user, self.aws.bastion
         self._client = client
         self._zone: str | None = None
         self._subnet: dict | None = None
@@ -90,12 +92,13 @@ class AwsProvider(Provider):
     def catalogue(self) -> Catalogue:
         return Catalogue(self.client)
 
-    def _group(self, name: str) -> NodeGroup | None:
-        return next((g for g in self.config.node_groups if g.name == name), None)
+    @property
+    def subnet_cidr(self) -> str:
+        return self.subnet["CidrBlock"]
 
-    def _instance_type(self, node: NodeSpec) -> str:
-        group = self._group(node.nodegroup)
-        return group.instance_type if group else self.config.head.instance_type
+    def machines(self, power: bool = False) -> dict[str, Machine]:
+        """The cluster's live instances by node name (EC2 says their state without another call)."""
+        return machines_of(discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name)))
 
     @property
     def subnet(self) -> dict:
@@ -103,22 +106,6 @@ class AwsProvider(Provider):
         if self._subnet is None:
             self._subnet = checks.describe_subnet(self.client, self.config)
         return self._subnet
-
-    def addresses(self, instances: dict[str, dict] | None = None, in_use: set[str] | None = None) -> dict[str, str]:
-        """Every planned node's private address (head, static and elastic nodes), kept for good.
-
-        Kept in state.json (`nodes.<name>.address`), and an instance's own address wins (a
-        controller without the state file keeps the running nodes' addresses). A new node
-        takes the highest free address of the subnet (EC2 gives out the lowest first), so
-        growing a group never moves another node; `in_use`: addresses other interfaces of
-        the subnet hold, not given to a new node."""
-        kept = {name: node.get("address") for name, node in self.cluster.read_state().get("nodes", {}).items()}
-        kept |= {name: i["PrivateIpAddress"] for name, i in (instances or {}).items() if i.get("PrivateIpAddress")}
-        pool = address_pool(self.subnet["CidrBlock"], skip_first=RESERVED_FIRST_HOSTS, from_top=True)
-        if in_use:
-            keep = set(kept.values())
-            pool = [a for a in pool if a not in in_use or a in keep]
-        return assign_addresses([n.name for n in self.nodes], pool, kept, "aws.subnet_id")
 
     def _addresses_in_use(self) -> set[str]:
         """Private addresses of every network interface in the subnet (other clusters', anyone's)."""
@@ -218,7 +205,7 @@ class AwsProvider(Provider):
 
         existing = discover.by_name(discover.cluster_instances(self.client, cluster))
         # Every planned node's address is decided (and kept) now, elastic ones included.
-        addresses = self.addresses(existing, in_use=self._addresses_in_use())
+        addresses = self.addresses(machines_of(existing), in_use=self._addresses_in_use())
         if "head" in existing:
             self._ensure_head_profile(existing["head"], head_profile)
         static = [n for n in self.nodes if not n.elastic]
@@ -390,53 +377,20 @@ class AwsProvider(Provider):
         )
 
     @aws_errors
-    def after_configure(self) -> list[str]:
-        """Publish each node group's join bundle; running nodes of a group whose bundle changed fetch it now."""
+    def _bundle_publisher(self) -> Publish:
+        """A group's bundle as its Secrets Manager secret; a replaced one is fetched at once by the
+        group's running nodes (clusterbake-node-boot fetch)."""
         cluster = self.config.cluster_name
         sm = self.api("secretsmanager")
-        refresh = []
-        changes = []
-        for group in self.config.node_groups:
-            path = self.cluster.join_bundles / f"{group.name}.json"
-            if not path.exists():
-                continue
-            had_value = join_secrets.has_value(sm, cluster, group.name)
-            if join_secrets.publish(sm, cluster, group.name, path.read_text()):
-                say(f"    join bundle of {group.name} published ({join_secrets.secret_name(cluster, group.name)})")
-                changes.append(f"{group.name}: join bundle published")
-                if had_value:
-                    refresh.append(group.name)
-        if not refresh:
-            return changes
-        running = discover.by_name(discover.cluster_instances(self.client, cluster, states=("running",)), warn=False)
-        names = [n.name for n in self.nodes if n.nodegroup in refresh and n.name in running]
-        endpoints = {n: self._pinned_endpoint(n, running[n]) for n in names}
-        results = remote.run_many(endpoints, "clusterbake-node-boot fetch", timeout=300, check=False)
-        for name, result in sorted(results.items()):
-            if isinstance(result, Exception) or result.returncode != 0:
-                say(
-                    f"    warning: {name} did not fetch its new bundle now ({_short(result)}); it will at its next boot"
-                )
-            else:
-                say(f"    {name} fetched its new join bundle")
-                changes.append(f"{name}: new join bundle fetched")
-        return changes
 
-    @aws_errors
-    def wait_ready(self, timeout: float = SSH_READY_TIMEOUT) -> None:
-        """The head answers SSH (its boot service installed the controller's key).
+        def publish(group: str, bundle: str) -> tuple[list[str], bool]:
+            had_value = join_secrets.has_value(sm, cluster, group)
+            if not join_secrets.publish(sm, cluster, group, bundle):
+                return [], False
+            say(f"    join bundle of {group} published ({join_secrets.secret_name(cluster, group)})")
+            return [f"{group}: join bundle published"], had_value
 
-        Only the head: Ansible configures the head alone, compute nodes fetch their join
-        bundle themselves, and `cluster up` then waits for them in Slurm.
-        """
-        head = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name)).get("head", {})
-        if not head.get("PrivateIpAddress"):
-            raise ClusterbakeError("the head has no instance (or no address yet); `clusterbake cluster up` launches it")
-        common.wait_ssh(
-            self._pinned_endpoint("head", head),
-            timeout,
-            "check aws.ssh_cidrs / aws.bastion and the instances' system logs (EC2 console output)",
-        )
+        return publish
 
     @aws_errors
     def start_node(self, name: str) -> None:
@@ -507,7 +461,7 @@ class AwsProvider(Provider):
         # purpose (reason None) was drained by whoever replaced it.
         if not node.elastic and reason:
             self.tell_slurm_down(name, reason)
-        addresses = self.addresses(existing)
+        addresses = self.addresses(machines_of(existing))
         try:
             self._launch([node], templates, state["security_group"], addresses)
         except ClusterbakeError:
@@ -603,32 +557,6 @@ class AwsProvider(Provider):
     # --- queries ---------------------------------------------------------------------
 
     @aws_errors
-    def status(self) -> list[NodeStatus]:
-        existing = discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name))
-        addresses = self.addresses(existing)
-        result = []
-        for node in self.nodes:
-            instance = existing.get(node.name)
-            if instance is None:  # not launched, or an elastic node powered down: its planned address
-                result.append(NodeStatus(node.name, node.role, node.nodegroup, addresses[node.name], "absent"))
-                continue
-            state = instance["State"]["Name"]
-            shown = "running" if state in ("pending", "running") else "stopped"
-            detail = f"{instance['InstanceId']} {instance['InstanceType']} {state}"
-            result.append(
-                NodeStatus(
-                    node.name,
-                    node.role,
-                    node.nodegroup,
-                    instance.get("PrivateIpAddress"),
-                    shown,
-                    detail,
-                    image=instance.get("ImageId"),
-                )
-            )
-        return result
-
-    @aws_errors
     def inventory(self) -> dict:
         """Every planned node at its planned address, with `clusterbake_running` (Ansible connects to
         the head only); instances tagged clusterbake:cluster (CLUSTERBAKE_CLUSTER or the config's
@@ -652,7 +580,7 @@ class AwsProvider(Provider):
         if not instances:
             return aws_inventory(self.config, [], infos, extra)
         named = discover.by_name(instances, warn=False)
-        addresses = self.addresses(named)
+        addresses = self.addresses(machines_of(named))
         if any(g.elastic for g in self.config.node_groups) or self.config.recovery.replace_lost_nodes:
             extra |= {"slurm_power_provider": "aws", "slurm_power_aws": self._power_vars(addresses, infos)}
         planned = {n.name: self._planned_host_vars(n) for n in self.nodes if n.name not in named}
@@ -725,60 +653,35 @@ class AwsProvider(Provider):
             "groups": power_groups,
         }
 
-    def _connection_vars(self) -> dict:
-        return common.connection_vars(
-            self.cluster,
-            self.aws.ssh_user,
-            self._ssh_options(),
-            {
-                "clusterbake_aws_region": self.aws.region,
-                "fabric_socket_ifname": self.aws.network_interface,
-                # Where the job templates' checkpoint copies go (checkpoints.copy_to: s3://): the endpoint
-                # this controller uses (the twin's too), and the role and STS endpoint of the jobs' sessions.
-                "clusterbake_s3_endpoint_url": self.api("s3").meta.endpoint_url,
-                **(
-                    {
-                        "clusterbake_jobs_role_arn": self.jobs_role_arn,
-                        "clusterbake_jobs_session_policy": iam.jobs_policy(
-                            self.aws.region, *self.checkpoint_copies, user=iam.JOBS_USER_PLACEHOLDER
-                        ),
-                        "clusterbake_sts_endpoint_url": self.api("sts").meta.endpoint_url,
-                    }
-                    if self.checkpoint_copies
-                    else {}
-                ),
-            },
-        )
+    def _connection_extra(self) -> dict:
+        return {
+            "clusterbake_aws_region": self.aws.region,
+            "fabric_socket_ifname": self.aws.network_interface,
+            # Where the job templates' checkpoint copies go (checkpoints.copy_to: s3://): the endpoint
+            # this controller uses (the twin's too), and the role and STS endpoint of the jobs' sessions.
+            "clusterbake_s3_endpoint_url": self.api("s3").meta.endpoint_url,
+            **(
+                {
+                    "clusterbake_jobs_role_arn": self.jobs_role_arn,
+                    "clusterbake_jobs_session_policy": iam.jobs_policy(
+                        self.aws.region, *self.checkpoint_copies, user=iam.JOBS_USER_PLACEHOLDER
+                    ),
+                    "clusterbake_sts_endpoint_url": self.api("sts").meta.endpoint_url,
+                }
+                if self.checkpoint_copies
+                else {}
+            ),
+        }
 
-    def _ssh_options(self) -> list[str]:
-        return common.ssh_options(self.cluster, self.aws.bastion)
-
-    @aws_errors
-    def endpoint(self, node: str) -> Endpoint:
-        """The node's private IP as aws.ssh_user; commands run as root (sudo), as on local."""
-        self.node(node)
-        instance = self._instance(node)
-        if instance is None or not instance.get("PrivateIpAddress"):
-            raise ClusterbakeError(f"node {node} has no running instance; `clusterbake cluster up` launches it")
-        return self._pinned_endpoint(node, instance)
-
-    def _endpoint_to(self, node: str, address: str) -> Endpoint:
-        return common.endpoint(self.cluster, node, address, self.aws.ssh_user, self.aws.bastion)
-
-    def _pinned_endpoint(self, node: str, instance: dict) -> Endpoint:
-        """The node's endpoint, its host keys pinned first (_pin_host_keys)."""
-        self._pin_host_keys(node, instance["PrivateIpAddress"], instance["InstanceId"])
-        return self._endpoint_to(node, instance["PrivateIpAddress"])
-
-    def _pin_host_keys(self, node: str, address: str, instance_id: str) -> None:
+    def _pin_host_keys(self, node: str, machine: Machine) -> None:
         """The node's host keys from EC2's console output (Nitro instances' at once with Latest=True)."""
 
         def console() -> str:
-            answer = call(self.client.get_console_output, InstanceId=instance_id, Latest=True)
+            answer = call(self.client.get_console_output, InstanceId=machine.id, Latest=True)
             return answer.get("Output") or ""  # botocore decodes its base64
 
         common.pin_from_console(
-            self.cluster, node, address, console, f"`aws ec2 get-console-output --instance-id {instance_id}`"
+            self.cluster, node, machine.address, console, f"`aws ec2 get-console-output --instance-id {machine.id}`"
         )
 
     def _forget_replaced_hosts(self) -> list[str]:
@@ -875,8 +778,28 @@ def aws_inventory(
     return build_inventory(config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
 
 
-def _short(result) -> str:
-    if isinstance(result, Exception):
-        return str(result).splitlines()[0] if str(result) else type(result).__name__
-    text = (result.stderr or b"").decode(errors="replace").strip().splitlines()
-    return text[-1] if text else f"exit {result.returncode}"
+def machines_of(instances: dict[str, dict]) -> dict[str, Machine]:
+    """Instances by node name as the cloud providers' machine records."""
+    return {
+        name: Machine(
+            name=name,
+            id=instance["InstanceId"],
+            label=instance["InstanceId"],
+            address=instance.get("PrivateIpAddress"),
+            size=instance["InstanceType"],
+            state=INSTANCE_STATES.get(instance["State"]["Name"], NodeState.UNKNOWN),
+            state_text=instance["State"]["Name"],
+            image=instance.get("ImageId"),
+            record=instance,
+        )
+        for name, instance in instances.items()
+    }
+
+
+INSTANCE_STATES = {
+    "pending": NodeState.PENDING,
+    "running": NodeState.RUNNING,
+    "stopping": NodeState.STOPPING,
+    "stopped": NodeState.STOPPED,
+    "shutting-down": NodeState.STOPPING,
+}

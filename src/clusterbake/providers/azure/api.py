@@ -20,10 +20,11 @@ reach the group's rollback, not be retried).
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from clusterbake.errors import ClusterbakeError
@@ -147,23 +148,30 @@ def message(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def azure_errors(method: Callable) -> Callable:
+@contextlib.contextmanager
+def azure_error_translation() -> Iterator[None]:
     """Turn the SDK's exceptions into ClusterbakeError: a message, no traceback."""
+    from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError
+
+    try:
+        yield
+    except ClientAuthenticationError as exc:
+        raise ClusterbakeError(
+            "Azure: no credentials (set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET, use a managed "
+            f"identity, or run `az login`): {str(exc).splitlines()[0]}"
+        ) from None
+    except HttpResponseError as exc:
+        raise ClusterbakeError(f"Azure: {message(exc)}") from exc
+    except AzureError as exc:
+        raise ClusterbakeError(f"Azure: {exc}") from exc
+
+
+def azure_errors(method: Callable) -> Callable:
+    """azure_error_translation around a function."""
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError
-
-        try:
+        with azure_error_translation():
             return method(*args, **kwargs)
-        except ClientAuthenticationError as exc:
-            raise ClusterbakeError(
-                "Azure: no credentials (set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET, use a managed "
-                f"identity, or run `az login`): {str(exc).splitlines()[0]}"
-            ) from None
-        except HttpResponseError as exc:
-            raise ClusterbakeError(f"Azure: {message(exc)}") from exc
-        except AzureError as exc:
-            raise ClusterbakeError(f"Azure: {exc}") from exc
 
     return wrapper

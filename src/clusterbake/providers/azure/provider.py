@@ -21,7 +21,7 @@ from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.gpu_systems import infiniband_expectation
 from clusterbake.images.store import azure_image_source, find_azure_image
 from clusterbake.inventory import build_inventory
-from clusterbake.plan import NodeSpec, address_pool, assign_addresses
+from clusterbake.plan import NodeSpec
 from clusterbake.progress import say
 from clusterbake.providers import common
 from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data, user_data_template
@@ -37,16 +37,21 @@ from clusterbake.providers.azure import (
     storage,
     tags,
 )
-from clusterbake.providers.azure.api import Clients, azure_errors, caller_identity, get_or_none, message
+from clusterbake.providers.azure.api import (
+    Clients,
+    azure_error_translation,
+    azure_errors,
+    caller_identity,
+    get_or_none,
+    message,
+)
 from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, azure_plan, uses_infiniband
-from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
-from clusterbake.remote import Endpoint
+from clusterbake.providers.base import BillingCheck, CostEstimate
+from clusterbake.providers.cloud import CloudProvider, Machine, NodeState, Publish
 from clusterbake.state import StateDir
 
 # Azure keeps the first four addresses of a subnet (network, gateway, 2 x DNS) and the last:
 # hosts() starts at .1, so nodes start after the third host address.
-RESERVED_FIRST_HOSTS = 3
-SSH_READY_TIMEOUT = 600.0
 # Delete order of `cluster down`: what holds on to what comes first.
 DELETE_ORDER = (
     "Microsoft.Compute/virtualMachines",
@@ -74,16 +79,23 @@ def disable_replaced_versions(client, name: str, keep: str) -> int:
     return disabled
 
 
-class AzureProvider(Provider):
+class AzureProvider(CloudProvider):
     # Tags, not the state file, say what exists: a failed group rolls its own VMs back, the
     # rest stays for the next try; `cluster down` removes it.
     destroy_after_failed_first_provision = False
+
+    machine_noun = "VM"
+    create_verb = "creates"
+    ready_hint = "check azure.ssh_cidrs / azure.bastion and the VMs' boot diagnostics"
+    sdk_errors = staticmethod(azure_error_translation)
 
     def __init__(self, config: ClusterConfig, state: StateDir, clients: Clients | None = None):
         if config.azure is None:
             raise ConfigError("azure: required with provider azure")
         super().__init__(config, state)
         self.azure = config.azure
+        self.login_user, self.bastion = self.azure.admin_user, self.azure.bastion
+        self.subnet_field = self.azure.subnet_field
         self.clients = clients or Clients(self.azure.subscription_id)
         self._subnet: checks.Subnet | None = None
         self._infos: dict[str, SkuInfo] | None = None
@@ -110,13 +122,6 @@ class AzureProvider(Provider):
         """Every planned node with its Slurm spec from the VM sizes (azure_plan)."""
         return azure_plan(self.config, self.infos)
 
-    def _group(self, name: str) -> NodeGroup | None:
-        return next((g for g in self.config.node_groups if g.name == name), None)
-
-    def _size(self, node: NodeSpec) -> str:
-        group = self._group(node.nodegroup)
-        return group.instance_type if group else self.config.head.instance_type
-
     def _wants_placement_group(self, group: NodeGroup) -> bool:
         return True if group.placement_group is None else group.placement_group
 
@@ -137,18 +142,6 @@ class AzureProvider(Provider):
             self.config.cluster_name, self.azure.subscription_id, self.azure.resource_group
         )
 
-    def addresses(self, vms: dict[str, dict] | None = None, in_use: set[str] | None = None) -> dict[str, str]:
-        """Every planned node's private address, kept for good (state.json, else the NIC's). A new node
-        takes the highest free address of the subnet (Azure's Dynamic allocation takes the lowest);
-        `in_use`: addresses other NICs of the subnet hold, never given to a new node."""
-        kept = {name: node.get("address") for name, node in self.cluster.read_state().get("nodes", {}).items()}
-        kept |= {name: vm["address"] for name, vm in (vms or {}).items() if vm.get("address")}
-        pool = address_pool(self.subnet.prefix, skip_first=RESERVED_FIRST_HOSTS, from_top=True)
-        if in_use:
-            ours = {vm.get("address") for vm in (vms or {}).values()}
-            pool = [a for a in pool if a not in in_use or a in ours]
-        return assign_addresses([n.name for n in self.nodes], pool, kept, self.azure.subnet_field)
-
     def _addresses_in_use(self) -> set[str]:
         """Private addresses of every NIC in the subnet (other clusters', anyone's): a paged listing."""
         subnet = self.subnet.id.lower()
@@ -159,7 +152,15 @@ class AzureProvider(Provider):
             if config.subnet is not None and (config.subnet.id or "").lower() == subnet and config.private_ip_address
         }
 
+    @property
+    def subnet_cidr(self) -> str:
+        return self.subnet.prefix
+
     # --- discovery ------------------------------------------------------------------------
+
+    def machines(self, power: bool = False) -> dict[str, Machine]:
+        """The cluster's VMs by node name (`power`: each one's power state, an instance view call each)."""
+        return machines_of(self.cluster_vms(power=power))
 
     def cluster_vms(self, power: bool = False) -> dict[str, dict]:
         """The cluster's VMs by node name (tag clusterbake-name), paged listings of both resource groups
@@ -250,7 +251,7 @@ class AzureProvider(Provider):
         for group in self.config.node_groups:
             placement[group.name] = self._ensure_group_placement(group)
         existing = self.cluster_vms()
-        addresses = self.addresses(existing, in_use=self._addresses_in_use())
+        addresses = self.addresses(machines_of(existing), in_use=self._addresses_in_use())
         planned = self.planned()
         static = [n for n in planned if not n.elastic]
         extra = sorted(set(existing) - {n.name for n in planned})
@@ -542,7 +543,7 @@ class AzureProvider(Provider):
         cluster = self.config.cluster_name
         rg = self._group_of(nodegroup)
         group = self._group(nodegroup)
-        size = self._size(nodes[0])
+        size = self._instance_type(nodes[0])
         zone_text = f" zone {self.azure.zone}" if self.azure.zone else ""
         say(f"    creating {len(nodes)} x {size} ({nodegroup}) in {self.azure.location}{zone_text}")
         network = self.clients.network.network_interfaces
@@ -654,43 +655,31 @@ class AzureProvider(Provider):
         )
 
     @azure_errors
-    def after_configure(self) -> list[str]:
-        """Publish each node group's join bundle as the vault's `join-<group>` secret (when it changed).
-        Running VMs take it at their next boot (no refresh on a live node yet)."""
-        changes = []
+    def _bundle_publisher(self) -> Publish:
+        """A group's bundle as the vault's `join-<group>` secret (when it changed). Running VMs take it
+        at their next boot (no refresh on a live node yet)."""
         vault = get_or_none(self.clients.keyvault.vaults.get, self.azure.resource_group, self.vault_name)
         if vault is None:
             raise ClusterbakeError(f"key vault {self.vault_name} is missing; run `clusterbake cluster up`")
         client = self.clients.secrets(vault.properties.vault_uri)
-        for group in self.config.node_groups:
-            path = self.cluster.join_bundles / f"{group.name}.json"
-            if not path.exists():
-                continue
-            value = path.read_text()
-            name = resources.secret_name(group.name)
+
+        def publish(group: str, value: str) -> tuple[list[str], bool]:
+            changes = []
+            name = resources.secret_name(group)
             current = get_or_none(client.get_secret, name)
             if current is None or current.value != value:
                 current = client.set_secret(
                     name, value, content_type="application/json", tags=tags.cluster_tags(self.config.cluster_name)
                 )
-                say(f"    join bundle of {group.name} published ({vault.properties.vault_uri}secrets/{name})")
-                changes.append(f"{group.name}: join bundle published (running VMs take it at their next boot)")
+                say(f"    join bundle of {group} published ({vault.properties.vault_uri}secrets/{name})")
+                changes.append(f"{group}: join bundle published (running VMs take it at their next boot)")
             # Also when nothing changed: a run stopped between the two calls left one enabled.
             disabled = disable_replaced_versions(client, name, current.properties.version)
             if disabled:
-                changes.append(f"{group.name}: {disabled} replaced join bundle version(s) disabled")
-        return changes
+                changes.append(f"{group}: {disabled} replaced join bundle version(s) disabled")
+            return changes, False
 
-    @azure_errors
-    def wait_ready(self, timeout: float = SSH_READY_TIMEOUT) -> None:
-        head = self.cluster_vms().get("head", {})
-        if not head.get("address"):
-            raise ClusterbakeError("the head has no VM (or no address yet); `clusterbake cluster up` creates it")
-        common.wait_ssh(
-            self._pinned_endpoint("head", head),
-            timeout,
-            "check azure.ssh_cidrs / azure.bastion and the VMs' boot diagnostics",
-        )
+        return publish
 
     @azure_errors
     def start_node(self, name: str) -> None:
@@ -839,21 +828,6 @@ class AzureProvider(Provider):
         )
 
     @azure_errors
-    def status(self) -> list[NodeStatus]:
-        vms = self.cluster_vms(power=True)
-        addresses = self.addresses(vms)
-        result = []
-        for node in self.nodes:
-            vm = vms.get(node.name)
-            if vm is None:
-                result.append(NodeStatus(node.name, node.role, node.nodegroup, addresses[node.name], "absent"))
-                continue
-            shown = "running" if vm.get("power") in ("running", "starting") else "stopped"
-            detail = f"{vm['name']} {vm['size']} {vm.get('power')}"
-            result.append(NodeStatus(node.name, node.role, node.nodegroup, vm.get("address"), shown, detail))
-        return result
-
-    @azure_errors
     def inventory(self) -> dict:
         """Every planned node at its planned address, with `clusterbake_running` from the VM's instance
         view; VMs tagged clusterbake-cluster (CLUSTERBAKE_CLUSTER or the config's name). A cluster
@@ -884,7 +858,7 @@ class AzureProvider(Provider):
                 extra |= {"slurm_power_provider": "azure", "slurm_power_azure": settings}
         if not vms:
             return build_inventory(self.config, [], {}, extra_vars=extra)
-        addresses = self.addresses(vms)
+        addresses = self.addresses(machines_of(vms))
         nodes = self.planned()
         hostvars = {}
         for node in nodes:
@@ -896,7 +870,7 @@ class AzureProvider(Provider):
             hostvars[node.name] = {
                 "clusterbake_vm_id": vm["id"] if vm else None,
                 "clusterbake_vm_name": vm["name"] if vm else resources.vm_name(self.config.cluster_name, node.name),
-                "clusterbake_instance_type": self._size(node),
+                "clusterbake_instance_type": self._instance_type(node),
                 "clusterbake_zone": (vm or {}).get("zone") or self.azure.zone,
                 "clusterbake_location": self.azure.location,
                 "clusterbake_placement_group": placement,
@@ -904,7 +878,7 @@ class AzureProvider(Provider):
                 "clusterbake_power_state": (vm or {}).get("power", "absent"),
                 "clusterbake_running": bool(vm and vm.get("power") == "running"),
             }
-            expected = infiniband_expectation(self._size(node)) if "ib" in node.features else None
+            expected = infiniband_expectation(self._instance_type(node)) if "ib" in node.features else None
             if expected:  # the ports and rate the size has (role node_health drains a node short of them)
                 hostvars[node.name]["node_health_infiniband"] = expected
         return build_inventory(self.config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
@@ -924,7 +898,7 @@ class AzureProvider(Provider):
             return None
         state = self.cluster.read_state()
         image = state.get("image") or self.find_image()
-        addresses = self.addresses(self.cluster_vms())
+        addresses = self.addresses(self.machines())
         public_key = self.cluster.ssh_key.with_suffix(".pub")
         keys = [public_key.read_text().strip()] if public_key.exists() else []
         context = {"vault_url": vault.properties.vault_uri, "identity": identity}
@@ -993,36 +967,13 @@ class AzureProvider(Provider):
                 found["scale_set"] = vmss.id
         return found
 
-    def _connection_vars(self) -> dict:
-        return common.connection_vars(
-            self.cluster,
-            self.azure.admin_user,
-            self._ssh_options(),
-            {"clusterbake_azure_location": self.azure.location, "fabric_socket_ifname": self.azure.network_interface},
-        )
+    def _connection_extra(self) -> dict:
+        return {"clusterbake_azure_location": self.azure.location, "fabric_socket_ifname": self.azure.network_interface}
 
-    def _ssh_options(self) -> list[str]:
-        return common.ssh_options(self.cluster, self.azure.bastion)
-
-    @azure_errors
-    def endpoint(self, node: str) -> Endpoint:
-        self.node(node)
-        vm = self.cluster_vms().get(node)
-        if vm is None or not vm.get("address"):
-            raise ClusterbakeError(f"node {node} has no VM; `clusterbake cluster up` creates it")
-        return self._pinned_endpoint(node, vm)
-
-    def _endpoint_to(self, node: str, address: str) -> Endpoint:
-        return common.endpoint(self.cluster, node, address, self.azure.admin_user, self.azure.bastion)
-
-    def _pinned_endpoint(self, node: str, vm: dict) -> Endpoint:
-        """The node's endpoint, its host keys pinned first (_pin_host_keys)."""
-        self._pin_host_keys(node, vm["address"], vm["group"], vm["name"])
-        return self._endpoint_to(node, vm["address"])
-
-    def _pin_host_keys(self, node: str, address: str, rg: str, vm_name: str) -> None:
+    def _pin_host_keys(self, node: str, machine: Machine) -> None:
         """The node's host keys from its serial console log (boot diagnostics, managed storage: a
         short-lived SAS URI from retrieveBootDiagnosticsData, the blob read with it)."""
+        rg, vm_name = machine.record["group"], machine.label
 
         def console() -> str:
             import requests  # azure-core's transport; proxy and CA settings from the environment as ARM's
@@ -1039,7 +990,35 @@ class AzureProvider(Provider):
         common.pin_from_console(
             self.cluster,
             node,
-            address,
+            machine.address,
             console,
             f"`az vm boot-diagnostics get-boot-log -g {rg} -n {vm_name}`",
         )
+
+
+# Azure's power states (PowerState/<code> of the instance view); a VM read without them is unknown.
+POWER_STATES = {
+    "starting": NodeState.PENDING,
+    "running": NodeState.RUNNING,
+    "stopping": NodeState.STOPPING,
+    "deallocating": NodeState.STOPPING,
+    "stopped": NodeState.STOPPED,
+    "deallocated": NodeState.STOPPED,
+}
+
+
+def machines_of(vms: dict[str, dict]) -> dict[str, Machine]:
+    """VM records (AzureProvider.cluster_vms) as the cloud providers' machine records."""
+    return {
+        name: Machine(
+            name=name,
+            id=vm["id"],
+            label=vm["name"],
+            address=vm.get("address"),
+            size=vm["size"],
+            state=POWER_STATES.get(vm.get("power") or "", NodeState.UNKNOWN),
+            state_text=str(vm.get("power")),
+            record=vm,
+        )
+        for name, vm in vms.items()
+    }
