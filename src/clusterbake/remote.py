@@ -396,8 +396,12 @@ def _describe(exc: BaseException) -> str:
         return "timed out"
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return "connection refused"
-    if isinstance(exc, paramiko.SSHException) and str(exc) == "No existing session":
-        return "no SSH handshake in time"  # paramiko's words when the key exchange timed out
+    # paramiko's words when the key exchange timed out, or when no banner came in time (which of the
+    # two a silent server gets depends on which timer fires first).
+    if isinstance(exc, paramiko.SSHException) and str(exc).startswith(
+        ("No existing session", "Error reading SSH protocol banner")
+    ):
+        return "no SSH handshake in time"
     if isinstance(exc, OSError) and exc.errno:
         return os.strerror(exc.errno).lower()
     return str(exc) or type(exc).__name__
