@@ -10,7 +10,9 @@ CB := $(VENV)/bin/clusterbake --config $(CONFIG)
 # nftables: the tests load the cloud nodes' metadata guard (roles/cloud_boot) into a namespace.
 HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client openssh-server python3-venv git rsync nftables
 STAMP_VENV := $(VENV)/.installed
-PY_SOURCES := src tests bench inventories examples scripts/jobs roles/node_join/files/clusterbake-node-join roles/cloud_boot/files/clusterbake-node-boot roles/slurm_power/files/clusterbake-power roles/slurm_accounting/files/clusterbake-slurm-accounts roles/slurm_accounting/files/clusterbake-tcp-quickack roles/slurm_exporter/files/clusterbake-slurm-exporter roles/notice_agent/files/clusterbake-notice-agent roles/node_health/files/clusterbake-health roles/training_env/files/clusterbake-job-credentials
+# The node programs (roles/*/files) are Python without a .py name: found by their shebang.
+NODE_PROGRAMS := $(shell grep -l '^\#!.*python' roles/*/files/*)
+PY_SOURCES := src tests bench inventories examples scripts/jobs $(NODE_PROGRAMS)
 
 .DEFAULT_GOAL := help
 .PHONY: help deps venv lock validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench

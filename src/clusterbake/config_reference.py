@@ -6,6 +6,7 @@ python -m clusterbake.config_reference > docs/config.md
 from __future__ import annotations
 
 import json
+import re
 import sys
 import typing
 
@@ -39,7 +40,8 @@ def _type_name(annotation) -> str:
     if annotation is StorageMount or annotation == list[StorageMount] | None:
         return "list[storage entry, by type: " + " | ".join(STORAGE_MODELS) + "] | None"
     text = getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else None
-    return text or str(annotation).replace("typing.", "").replace("clusterbake.config.", "")
+    # A model's repr names its module (clusterbake.config.nodes.NodeGroup): the reader wants the model.
+    return text or re.sub(r"clusterbake\.config\.(\w+\.)?", "", str(annotation).replace("typing.", ""))
 
 
 def _default(field) -> str:
@@ -74,7 +76,7 @@ def render() -> str:
     lines = [
         "# Config reference",
         "",
-        "Generated from `src/clusterbake/config.py` by `python -m clusterbake.config_reference`;",
+        "Generated from `src/clusterbake/config/` by `python -m clusterbake.config_reference`;",
         "a unit test fails when it is out of date. Unknown keys are errors.",
         "",
     ]

@@ -21,7 +21,7 @@ import yaml
 from awstest import REGION, REPO, example_config, inventory, live_instances, provisioned, run_cb, tag_map
 
 from clusterbake.images.store import write_aws_record
-from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER
+from clusterbake.providers.userdata import NAME_PLACEHOLDER
 from clusterbake.state import StateDir
 
 CLUSTER = "elasticaws"

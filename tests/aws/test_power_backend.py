@@ -21,7 +21,7 @@ from test_elastic_provision import load_program
 
 from clusterbake.providers.aws import resources
 from clusterbake.providers.aws.catalogue import Catalogue
-from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data, user_data_template
+from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data, user_data_template
 
 JOIN = {"cloud": "aws", "region": "us-east-1", "secret_id": "clusterbake/pw/join/gpu", "endpoint_url": "https://x"}
 FILTER_CLUSTER = {"Name": "tag:clusterbake:cluster", "Values": ["pw"]}

@@ -4,7 +4,6 @@ and known_hosts lines of replaced instances forgotten by `cluster up`."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 
 import pytest

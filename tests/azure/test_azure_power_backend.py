@@ -19,8 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 import programs
 import pytest
 
-from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data_template
 from clusterbake.providers.azure import power, resources, tags
+from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data_template
 
 PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_power" / "files" / "clusterbake-power"
 SUB = "00000000-0000-4000-8000-00000000c1b0"

@@ -20,7 +20,7 @@ from polling import drained_by_the_poll_that_saw_the_notice, wait_for
 from twintest import CLUSTER, REGION, REPO, run
 
 from clusterbake.job_report import events
-from clusterbake.providers.aws.userdata import user_data
+from clusterbake.providers.userdata import user_data
 
 pytestmark = pytest.mark.integration
 

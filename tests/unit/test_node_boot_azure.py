@@ -40,7 +40,7 @@ import pytest
 import yaml
 from playbook_run import ANSIBLE_PLAYBOOK, playbook_env
 
-from clusterbake.providers.aws.userdata import user_data
+from clusterbake.providers.userdata import user_data
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "roles" / "cloud_boot" / "files" / "clusterbake-node-boot"

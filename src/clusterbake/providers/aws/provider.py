@@ -20,9 +20,9 @@ from clusterbake.providers.aws import secrets as join_secrets
 from clusterbake.providers.aws.api import aws_error_translation, aws_errors, call, client, ec2_client, paginate
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.aws.launch import BATCH, GroupLaunch, NodeLaunch, launch_groups, wait_for_state
-from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data, user_data_template
 from clusterbake.providers.base import BillingCheck, CostEstimate
 from clusterbake.providers.cloud import CloudProvider, Machine, NodeState, Publish
+from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data, user_data_template
 from clusterbake.state import StateDir
 
 # `cluster down`: terminate, then look again (a node the head launched meanwhile), this many times.

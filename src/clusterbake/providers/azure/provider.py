@@ -12,7 +12,6 @@ resource groups clusterbake created)."""
 from __future__ import annotations
 
 import os
-import shutil
 from functools import cached_property
 from pathlib import Path
 
@@ -24,18 +23,19 @@ from clusterbake.inventory import build_inventory
 from clusterbake.plan import NodeSpec
 from clusterbake.progress import say
 from clusterbake.providers import common
-from clusterbake.providers.aws.userdata import NAME_PLACEHOLDER, user_data, user_data_template
 from clusterbake.providers.azure import (
     amlfs,
     billing,
     blobs,
     checks,
+    discover,
     power,
+    power_settings,
     prices,
-    rbac,
     resources,
     storage,
     tags,
+    teardown,
 )
 from clusterbake.providers.azure.api import (
     Clients,
@@ -47,25 +47,9 @@ from clusterbake.providers.azure.api import (
 )
 from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, azure_plan, uses_infiniband
 from clusterbake.providers.base import BillingCheck, CostEstimate
-from clusterbake.providers.cloud import CloudProvider, Machine, NodeState, Publish
+from clusterbake.providers.cloud import CloudProvider, Machine, Publish
+from clusterbake.providers.userdata import user_data
 from clusterbake.state import StateDir
-
-# Azure keeps the first four addresses of a subnet (network, gateway, 2 x DNS) and the last:
-# hosts() starts at .1, so nodes start after the third host address.
-# Delete order of `cluster down`: what holds on to what comes first.
-DELETE_ORDER = (
-    "Microsoft.Compute/virtualMachines",
-    "Microsoft.Network/networkInterfaces",
-    "Microsoft.Compute/disks",
-    "Microsoft.Compute/virtualMachineScaleSets",
-    "Microsoft.Compute/proximityPlacementGroups",
-    "Microsoft.Network/networkSecurityGroups",
-    "Microsoft.Network/applicationSecurityGroups",
-    "Microsoft.ManagedIdentity/userAssignedIdentities",
-    "Microsoft.KeyVault/vaults",
-    "Microsoft.StorageCache/amlFilesystems",
-    "Microsoft.Storage/storageAccounts",
-)
 
 
 def disable_replaced_versions(client, name: str, keep: str) -> int:
@@ -160,48 +144,16 @@ class AzureProvider(CloudProvider):
 
     def machines(self, power: bool = False) -> dict[str, Machine]:
         """The cluster's VMs by node name (`power`: each one's power state, an instance view call each)."""
-        return machines_of(self.cluster_vms(power=power))
+        return discover.machines_of(self.cluster_vms(power=power))
 
     def cluster_vms(self, power: bool = False) -> dict[str, dict]:
-        """The cluster's VMs by node name (tag clusterbake-name), paged listings of both resource groups
-        (`group`: the VM's); with `power` each one's power state from its instance view."""
-        cluster = self.config.cluster_name
-        found: dict[str, dict] = {}
-        for rg in self._groups():
-            for vm in self.clients.compute.virtual_machines.list(rg):
-                vm_tags = vm.tags or {}
-                if vm_tags.get(tags.CLUSTER) != cluster or not vm_tags.get(tags.NAME):
-                    continue
-                found[vm_tags[tags.NAME]] = self._vm_record(vm, rg)
-        for name, vm in found.items():
-            nic = get_or_none(self.clients.network.network_interfaces.get, vm["group"], vm["nic"].rsplit("/", 1)[-1])
-            vm["address"] = nic.ip_configurations[0].private_ip_address if nic else None
-            if power:
-                view = self.clients.compute.virtual_machines.instance_view(vm["group"], vm["name"])
-                codes = [s.code for s in view.statuses or []]
-                vm["power"] = next((c.split("/", 1)[1] for c in codes if c.startswith("PowerState/")), "unknown")
-                found[name] = vm
-        return found
+        """The cluster's VMs by node name, from both its resource groups (discover.cluster_vms)."""
+        return discover.cluster_vms(self.clients, self.config.cluster_name, self._groups(), power=power)
 
     def _groups(self) -> list[str]:
         """The cluster's resource groups that exist: the compute nodes' first (`cluster down`'s order)."""
         get = self.clients.resources.resource_groups.get
         return [rg for rg in (self.nodes_group, self.azure.resource_group) if get_or_none(get, rg) is not None]
-
-    @staticmethod
-    def _vm_record(vm, rg: str) -> dict:
-        return {
-            "group": rg,
-            "id": vm.id,
-            "name": vm.name,
-            "size": vm.hardware_profile.vm_size,
-            "priority": vm.priority,
-            "zone": (vm.zones or [None])[0],
-            "state": vm.provisioning_state,
-            "placement_group": vm.proximity_placement_group.id if vm.proximity_placement_group else None,
-            "scale_set": vm.virtual_machine_scale_set.id if vm.virtual_machine_scale_set else None,
-            "nic": vm.network_profile.network_interfaces[0].id,
-        }
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -251,7 +203,7 @@ class AzureProvider(CloudProvider):
         for group in self.config.node_groups:
             placement[group.name] = self._ensure_group_placement(group)
         existing = self.cluster_vms()
-        addresses = self.addresses(machines_of(existing), in_use=self._addresses_in_use())
+        addresses = self.addresses(discover.machines_of(existing), in_use=self._addresses_in_use())
         planned = self.planned()
         static = [n for n in planned if not n.elastic]
         extra = sorted(set(existing) - {n.name for n in planned})
@@ -702,30 +654,8 @@ class AzureProvider(CloudProvider):
 
     @azure_errors
     def destroy(self) -> list[str]:
-        """Delete every resource tagged clusterbake-cluster=<cluster>: first the head identity's grants,
-        then the compute nodes' group, then the rest (VMs first in each), purge the vault, and delete each
-        resource group clusterbake created once nothing else is left in it."""
-        cluster = self.config.cluster_name
-        removed: list[str] = []
-        identities = [
-            item
-            for item in self._tagged(self.azure.resource_group)
-            if item.type == "Microsoft.ManagedIdentity/userAssignedIdentities"
-        ]
-        removed += self._delete_role_assignments(identities)
-        removed += power.delete_role(
-            self.clients.authorization, self.azure.subscription_id, self.azure.resource_group, cluster
-        )
-        for rg in self._groups():
-            removed += self._destroy_group(rg)
-        deleted = get_or_none(self.clients.keyvault.vaults.get_deleted, self.vault_name, self.azure.location)
-        if deleted is not None:
-            self.clients.keyvault.vaults.begin_purge_deleted(self.vault_name, self.azure.location).result()
-            removed.append(f"soft-deleted key vault {self.vault_name} (purged)")
-        if self.cluster.root.exists():
-            shutil.rmtree(self.cluster.root)
-            removed.append(f"state {self.cluster.root}")
-        return removed
+        """Delete every resource tagged clusterbake-cluster=<cluster> (teardown.destroy_cluster)."""
+        return teardown.destroy_cluster(self)
 
     def _tagged(self, rg: str) -> list:
         """The cluster's tagged resources in `rg` (none when the group does not exist)."""
@@ -733,82 +663,6 @@ class AzureProvider(CloudProvider):
         if get_or_none(api.resource_groups.get, rg) is None:
             return []
         return list(api.resources.list_by_resource_group(rg, filter=tags.tag_filter(self.config.cluster_name)))
-
-    def _destroy_group(self, rg: str) -> list[str]:
-        """The cluster's resources in `rg` in DELETE_ORDER, then the group itself when clusterbake created it
-        for this cluster and nothing else is in it."""
-        api = self.clients.resources
-        removed: list[str] = []
-        # OS disks carry no tags: those of the cluster's VMs that were kept (deleteOption Detach).
-        prefix = f"{self.config.cluster_name}-"
-        disks = [d for d in self.clients.compute.disks.list_by_resource_group(rg) if d.name.startswith(prefix)]
-        by_type: dict[str, list] = {}
-        for resource in self._tagged(rg):
-            if tags.retained(resource):
-                say(f"    keeping {resource.name}: its storage entry says retain")
-                continue
-            by_type.setdefault(resource.type, []).append(resource)
-        by_type.setdefault("Microsoft.Compute/disks", []).extend(d for d in disks if not d.managed_by)
-        for kind in DELETE_ORDER:
-            items = by_type.pop(kind, [])
-            if items:
-                removed += self._delete_all(rg, kind, items)
-        for kind, items in by_type.items():
-            removed += self._delete_all(rg, kind, items)
-        group = get_or_none(api.resource_groups.get, rg)
-        if group is not None and self._created_by_us(group):
-            left = list(api.resources.list_by_resource_group(rg))
-            if left:
-                say(f"    keeping resource group {rg}: it holds {len(left)} resource(s) clusterbake did not create")
-            else:
-                api.resource_groups.begin_delete(rg).result()
-                removed.append(f"resource group {rg}")
-        return removed
-
-    def _delete_role_assignments(self, identities: list) -> list[str]:
-        """Before the identities go: their role assignments (Azure would keep them as "Identity not found")."""
-        principals = {}
-        for item in identities:
-            found = get_or_none(self.clients.msi.user_assigned_identities.get, self.azure.resource_group, item.name)
-            if found is not None:
-                principals[f"identity {item.name}"] = found.principal_id
-        if not principals:
-            return []
-        return rbac.delete_all(self.clients.authorization, self.azure.subscription_id, principals)
-
-    def _delete_all(self, rg: str, kind: str, items: list) -> list[str]:
-        compute, network = self.clients.compute, self.clients.network
-        label = kind.split("/")[-1]
-        pollers = []
-        for item in items:
-            name = item.name
-            if kind == "Microsoft.Compute/virtualMachines":
-                pollers.append(compute.virtual_machines.begin_delete(rg, name))
-            elif kind == "Microsoft.Network/networkInterfaces":
-                pollers.append(network.network_interfaces.begin_delete(rg, name))
-            elif kind == "Microsoft.Compute/disks":
-                pollers.append(compute.disks.begin_delete(rg, name))
-            elif kind == "Microsoft.Compute/virtualMachineScaleSets":
-                pollers.append(compute.virtual_machine_scale_sets.begin_delete(rg, name))
-            elif kind == "Microsoft.Compute/proximityPlacementGroups":
-                compute.proximity_placement_groups.delete(rg, name)
-            elif kind == "Microsoft.Network/networkSecurityGroups":
-                pollers.append(network.network_security_groups.begin_delete(rg, name))
-            elif kind == "Microsoft.Network/applicationSecurityGroups":
-                pollers.append(network.application_security_groups.begin_delete(rg, name))
-            elif kind == "Microsoft.ManagedIdentity/userAssignedIdentities":
-                self.clients.msi.user_assigned_identities.delete(rg, name)
-            elif kind == "Microsoft.KeyVault/vaults":
-                self.clients.keyvault.vaults.delete(rg, name)
-            elif kind == "Microsoft.Storage/storageAccounts":
-                self.clients.storage.storage_accounts.delete(rg, name)
-            elif kind == "Microsoft.StorageCache/amlFilesystems":
-                pollers.append(self.clients.storagecache.aml_filesystems.begin_delete(rg, name))
-            else:
-                pollers.append(self.clients.resources.resources.begin_delete_by_id(item.id, api_version="2024-03-01"))
-        for poller in pollers:
-            poller.result()
-        return sorted(f"{label} {item.name}" for item in items)
 
     # --- queries --------------------------------------------------------------------------
 
@@ -853,12 +707,12 @@ class AzureProvider(CloudProvider):
         if endpoints:
             extra["clusterbake_storage_endpoints"] = endpoints
         if self.powered:
-            settings = self._power_vars()
+            settings = power_settings.settings(self)
             if settings is not None:
                 extra |= {"slurm_power_provider": "azure", "slurm_power_azure": settings}
         if not vms:
             return build_inventory(self.config, [], {}, extra_vars=extra)
-        addresses = self.addresses(machines_of(vms))
+        addresses = self.addresses(discover.machines_of(vms))
         nodes = self.planned()
         hostvars = {}
         for node in nodes:
@@ -882,90 +736,6 @@ class AzureProvider(CloudProvider):
             if expected:  # the ports and rate the size has (role node_health drains a node short of them)
                 hostvars[node.name]["node_health_infiniband"] = expected
         return build_inventory(self.config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
-
-    def _power_vars(self) -> dict | None:
-        """power.json's `azure` (power.py): what the head's power program creates each elastic node from, and
-        each lost static node with recovery.replace_lost_nodes. None before `cluster up` made the cluster's
-        identities, security groups and vault."""
-        cluster, rg = self.config.cluster_name, self.azure.resource_group
-        identity = self._identity()
-        head = self._identity(power.head_identity_name(cluster))
-        network = self.clients.network
-        nsg = get_or_none(network.network_security_groups.get, rg, resources.cluster_name(cluster))
-        asg = get_or_none(network.application_security_groups.get, rg, resources.cluster_name(cluster))
-        vault = get_or_none(self.clients.keyvault.vaults.get, rg, self.vault_name)
-        if None in (identity, head, nsg, asg, vault):
-            return None
-        state = self.cluster.read_state()
-        image = state.get("image") or self.find_image()
-        addresses = self.addresses(self.machines())
-        public_key = self.cluster.ssh_key.with_suffix(".pub")
-        keys = [public_key.read_text().strip()] if public_key.exists() else []
-        context = {"vault_url": vault.properties.vault_uri, "identity": identity}
-        groups = {}
-        for group in self.config.node_groups:
-            replaceable = self.config.recovery.replace_lost_nodes
-            members = [n for n in self.nodes if n.nodegroup == group.name and (n.elastic or replaceable)]
-            if not members:
-                continue
-            placement = self._group_placement_ids(group)
-            node_tags = tags.node_tags(cluster, "compute", group.name)
-            groups[group.name] = {
-                "sizes": group.types,
-                "nic": resources.nic_body(
-                    location=self.azure.location,
-                    subnet_id=self.subnet.id,
-                    address="",
-                    nsg_id=nsg.id,
-                    asg_id=asg.id,
-                    node_tags=node_tags,
-                ),
-                "vm": resources.vm_body(
-                    location=self.azure.location,
-                    zone=self.azure.zone,
-                    size=group.instance_type,
-                    image=image,
-                    computer_name="",
-                    admin_user=self.azure.admin_user,
-                    public_key=keys[0] if keys else "",
-                    custom_data="",
-                    nic_id="",
-                    identity_ids=[identity["id"]],
-                    node_tags=node_tags,
-                    spot=group.spot,
-                    placement_group_id=placement.get("placement_group"),
-                    scale_set_id=placement.get("scale_set"),
-                ),
-                "user_data": user_data_template(
-                    cluster=cluster,
-                    ssh_user=self.azure.admin_user,
-                    authorized_keys=keys,
-                    join=self._join_source(members[0], context),
-                ),
-                "addresses": {n.name: addresses[n.name] for n in members},
-            }
-        return power.power_vars(
-            config=self.config,
-            nodes_group=self.nodes_group,
-            head_client_id=head["client_id"],
-            name_placeholder=NAME_PLACEHOLDER,
-            groups=groups,
-        )
-
-    def _group_placement_ids(self, group: NodeGroup) -> dict:
-        """The ids of the group's proximity placement group and scale set, where it has them (read-only)."""
-        name = resources.group_resource_name(self.config.cluster_name, group.name)
-        compute, rg = self.clients.compute, self.nodes_group
-        found = {}
-        if self._wants_placement_group(group):
-            ppg = get_or_none(compute.proximity_placement_groups.get, rg, name)
-            if ppg is not None:
-                found["placement_group"] = ppg.id
-        if uses_infiniband(group, self.infos.get(group.instance_type)):
-            vmss = get_or_none(compute.virtual_machine_scale_sets.get, rg, name)
-            if vmss is not None:
-                found["scale_set"] = vmss.id
-        return found
 
     def _connection_extra(self) -> dict:
         return {"clusterbake_azure_location": self.azure.location, "fabric_socket_ifname": self.azure.network_interface}
@@ -994,31 +764,3 @@ class AzureProvider(CloudProvider):
             console,
             f"`az vm boot-diagnostics get-boot-log -g {rg} -n {vm_name}`",
         )
-
-
-# Azure's power states (PowerState/<code> of the instance view); a VM read without them is unknown.
-POWER_STATES = {
-    "starting": NodeState.PENDING,
-    "running": NodeState.RUNNING,
-    "stopping": NodeState.STOPPING,
-    "deallocating": NodeState.STOPPING,
-    "stopped": NodeState.STOPPED,
-    "deallocated": NodeState.STOPPED,
-}
-
-
-def machines_of(vms: dict[str, dict]) -> dict[str, Machine]:
-    """VM records (AzureProvider.cluster_vms) as the cloud providers' machine records."""
-    return {
-        name: Machine(
-            name=name,
-            id=vm["id"],
-            label=vm["name"],
-            address=vm.get("address"),
-            size=vm["size"],
-            state=POWER_STATES.get(vm.get("power") or "", NodeState.UNKNOWN),
-            state_text=str(vm.get("power")),
-            record=vm,
-        )
-        for name, vm in vms.items()
-    }

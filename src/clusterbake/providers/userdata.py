@@ -1,13 +1,15 @@
-"""The user data every node boots with: who it is, who may log in, where its join bundle is.
+"""The user data every node boots with, on both clouds (EC2 user data, Azure userData/customData):
+who it is, who may log in, where its join bundle is.
 
 A MIME multipart document with two parts:
 
 - `text/cloud-config` for cloud-init (the Ubuntu AMIs carry it): the hostname, which
   must equal the node's name (`head`, `<group>-<n>`: slurmd finds its NodeName by
-  hostname), and the controller's key for the default user (aws.ssh_user).
+  hostname), and the controller's key for the default user (aws.ssh_user, azure.admin_user).
 - `text/x-clusterbake` (JSON) for the image's own boot service (role cloud_boot,
   `clusterbake-node-boot`): the same name and keys, and where the node group's join
-  bundle is: a Secrets Manager secret read with the instance role. The bundle holds
+  bundle is: a Secrets Manager secret read with the instance role, or a Key Vault secret
+  read with the VM's managed identity. The bundle holds
   the munge key, so it never travels in user data, which anything on the instance
   that reaches the metadata service can read.
 
