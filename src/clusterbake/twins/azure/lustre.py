@@ -28,6 +28,7 @@ import ipaddress
 import re
 
 from clusterbake.twins.azure import skus
+from clusterbake.twins.azure.resource import ArmError
 
 SKU_STEPS = {
     "AMLFS-Durable-Premium-40": 48,
@@ -53,11 +54,6 @@ def needed_prefix(capacity_tib: int) -> int:
 class AmlfsMixin:
     """AMLFS on ArmState: `self.resources`, `self._require`, `self._base`, ArmError come from there."""
 
-    def _amlfs_error(self, status: int, code: str, message: str, target: str | None = None):
-        from clusterbake.twins.azure.state import ArmError
-
-        return ArmError(status, code, message, target)
-
     def amlfs_addresses(self, subnet_id: str) -> set[str]:
         """MGS addresses the file systems in a subnet hold."""
         return {
@@ -70,7 +66,7 @@ class AmlfsMixin:
         subnet = self._require(subnet_id, "Microsoft.Network/virtualNetworks/subnets", target)
         vnet = self.resources[subnet["id"].lower().rsplit("/subnets/", 1)[0]]
         if vnet["location"] != location:
-            raise self._amlfs_error(
+            raise ArmError(
                 400,
                 "InvalidParameter",
                 f"The subnet {subnet['id']} is in {vnet['location']}; the file system is in {location}.",
@@ -80,7 +76,7 @@ class AmlfsMixin:
 
     def _amlfs_sku_and_size(self, sku: str | None, capacity) -> int:
         if sku not in SKU_STEPS:
-            raise self._amlfs_error(
+            raise ArmError(
                 400,
                 "InvalidParameter",
                 f"The SKU '{sku}' is not available. Available SKUs: {', '.join(SKU_STEPS)}.",
@@ -88,7 +84,7 @@ class AmlfsMixin:
             )
         step = SKU_STEPS[sku]
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < step or capacity % step:
-            raise self._amlfs_error(
+            raise ArmError(
                 400,
                 "InvalidParameter",
                 f"The storage capacity {capacity} TiB is not valid for SKU {sku}: it must be at least {step} TiB and "
@@ -99,7 +95,7 @@ class AmlfsMixin:
 
     def _put_storagecache_amlfilesystems(self, rid, body, existing):
         if not re.fullmatch(r"[0-9a-zA-Z][-0-9a-zA-Z_]{0,78}[0-9a-zA-Z]", rid.name):
-            raise self._amlfs_error(400, "InvalidResourceName", f"The file system name '{rid.name}' is invalid.")
+            raise ArmError(400, "InvalidResourceName", f"The file system name '{rid.name}' is invalid.")
         resource = self._base(rid, body, existing)
         location = resource["location"]
         props = body.get("properties") or {}
@@ -109,7 +105,7 @@ class AmlfsMixin:
         zones = list(body.get("zones") or props.get("zones") or [])
         offered = sorted({z for zones_ in skus.LOCATIONS.get(location, {}).values() for z in zones_})
         if len(zones) != 1 or zones[0] not in offered:
-            raise self._amlfs_error(
+            raise ArmError(
                 400,
                 "InvalidParameter",
                 f"An Azure Managed Lustre file system needs exactly one availability zone of {location} "
@@ -120,7 +116,7 @@ class AmlfsMixin:
         if window.get("dayOfWeek") not in WEEKDAYS or not re.fullmatch(
             r"([01]\d|2[0-3]):[0-5]\d", str(window.get("timeOfDayUTC", ""))
         ):
-            raise self._amlfs_error(
+            raise ArmError(
                 400,
                 "InvalidParameter",
                 "maintenanceWindow needs dayOfWeek (Monday to Sunday) and timeOfDayUTC (HH:MM).",
@@ -136,7 +132,7 @@ class AmlfsMixin:
             )
             for old, new, what in fixed:
                 if old != new:
-                    raise self._amlfs_error(
+                    raise ArmError(
                         400, "InvalidParameter", f"{what} of a file system cannot be changed after it is created."
                     )
             mgs = before["clientInfo"]["mgsAddress"]
@@ -168,9 +164,7 @@ class AmlfsMixin:
         for address in hosts:
             if str(address) not in reserved and str(address) not in taken:
                 return str(address)
-        raise self._amlfs_error(
-            400, "SubnetIsFull", f"Subnet {subnet['name']} has no free address for the file system."
-        )
+        raise ArmError(400, "SubnetIsFull", f"Subnet {subnet['name']} has no free address for the file system.")
 
     def check_amlfs_subnets(self, body: dict) -> None:
         """POST checkAmlFSSubnets: None when the subnet fits, else the ArmError Azure answers."""
@@ -190,7 +184,7 @@ class AmlfsMixin:
             )
 
     def _subnet_invalid(self, message: str):
-        error = self._amlfs_error(400, "InvalidParameter", message)
+        error = ArmError(400, "InvalidParameter", message)
         error.custom_body = {"filesystemSubnet": {"status": "Invalid", "message": message}}
         return error
 

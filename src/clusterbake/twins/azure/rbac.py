@@ -24,6 +24,8 @@ import copy
 import re
 import uuid
 
+from clusterbake.twins.azure.resource import ArmError
+
 # Microsoft's published definitions (ids, actions, data actions) of the built-in roles the twin knows.
 BUILT_IN_ROLES = {
     "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1": {
@@ -95,11 +97,6 @@ def action_matches(pattern: str, action: str) -> bool:
 class RbacMixin:
     """Role definitions and assignments on ArmState (`self.subscription`, `self.resources`)."""
 
-    def _rbac_error(self, status: int, code: str, message: str):
-        from clusterbake.twins.azure.state import ArmError
-
-        return ArmError(status, code, message)
-
     def role_definition(self, definition_id: str) -> dict | None:
         guid = definition_id.rstrip("/").rsplit("/", 1)[-1].lower()
         if guid in self.role_definitions:
@@ -132,20 +129,18 @@ class RbacMixin:
 
     def put_role_definition(self, guid: str, body: dict) -> dict:
         if not _is_guid(guid):
-            raise self._rbac_error(400, "InvalidRoleDefinitionId", f"The role definition ID '{guid}' is not a GUID.")
+            raise ArmError(400, "InvalidRoleDefinitionId", f"The role definition ID '{guid}' is not a GUID.")
         if guid.lower() in BUILT_IN_ROLES:
-            raise self._rbac_error(400, "RoleDefinitionNameInUse", "A built-in role cannot be changed.")
+            raise ArmError(400, "RoleDefinitionNameInUse", "A built-in role cannot be changed.")
         props = body.get("properties") or {}
         name = props.get("roleName")
         scopes = props.get("assignableScopes") or []
         permissions = props.get("permissions") or []
         if not name or not scopes or not permissions:
-            raise self._rbac_error(
-                400, "InvalidRoleDefinition", "roleName, permissions and assignableScopes are required."
-            )
+            raise ArmError(400, "InvalidRoleDefinition", "roleName, permissions and assignableScopes are required.")
         for other_guid, other in self.role_definitions.items():
             if other_guid != guid.lower() and other["properties"]["roleName"] == name:
-                raise self._rbac_error(409, "RoleDefinitionWithSameNameExists", f"A role named {name} exists.")
+                raise ArmError(409, "RoleDefinitionWithSameNameExists", f"A role named {name} exists.")
         spec = {
             "roleName": name,
             "description": props.get("description", ""),
@@ -158,28 +153,28 @@ class RbacMixin:
     def delete_role_definition(self, guid: str) -> dict | None:
         ids = [a["properties"]["roleDefinitionId"].lower() for a in self.role_assignments.values()]
         if any(i.endswith(guid.lower()) for i in ids):
-            raise self._rbac_error(409, "RoleDefinitionHasAssignments", "The role definition has assignments.")
+            raise ArmError(409, "RoleDefinitionHasAssignments", "The role definition has assignments.")
         return self.role_definitions.pop(guid.lower(), None)
 
     def put_role_assignment(self, scope: str, name: str, body: dict) -> tuple[int, dict]:
         if not _is_guid(name):
-            raise self._rbac_error(400, "InvalidRoleAssignmentId", f"The role assignment ID '{name}' is not valid.")
+            raise ArmError(400, "InvalidRoleAssignmentId", f"The role assignment ID '{name}' is not valid.")
         props = body.get("properties") or {}
         definition = self.role_definition(props.get("roleDefinitionId") or "")
         if definition is None:
-            raise self._rbac_error(
+            raise ArmError(
                 400,
                 "RoleDefinitionDoesNotExist",
                 f"The specified role definition {props.get('roleDefinitionId')} does not exist.",
             )
         if not any(s == "/" or _within(scope, s) for s in definition["properties"]["assignableScopes"]):
-            raise self._rbac_error(
+            raise ArmError(
                 400, "InvalidCreateRoleAssignmentRequest",
                 f"The role {definition['properties']['roleName']} is not assignable at scope {scope}.",
             )  # fmt: skip
         principal = props.get("principalId") or ""
         if not _is_guid(principal) or props.get("principalType", "ServicePrincipal") not in PRINCIPAL_TYPES:
-            raise self._rbac_error(400, "InvalidPrincipalId", f"A valid principal ID must be provided: {principal!r}.")
+            raise ArmError(400, "InvalidPrincipalId", f"A valid principal ID must be provided: {principal!r}.")
         self._check_scope_exists(scope)
         key = f"{scope.rstrip('/')}/providers/Microsoft.Authorization/roleAssignments/{name}".lower()
         for other_key, other in self.role_assignments.items():
@@ -190,14 +185,14 @@ class RbacMixin:
                 and p["principalId"] == principal
                 and p["roleDefinitionId"].lower() == definition["id"].lower()
             ):
-                raise self._rbac_error(409, "RoleAssignmentExists", "The role assignment already exists.")
+                raise ArmError(409, "RoleAssignmentExists", "The role assignment already exists.")
         existing = self.role_assignments.get(key)
         if existing is not None:
             if (
                 existing["properties"]["principalId"] != principal
                 or existing["properties"]["roleDefinitionId"].lower() != definition["id"].lower()
             ):
-                raise self._rbac_error(
+                raise ArmError(
                     400, "RoleAssignmentUpdateNotPermitted",
                     "Tenant ID, application ID, principal ID, and scope are not allowed to be updated.",
                 )  # fmt: skip
@@ -225,13 +220,13 @@ class RbacMixin:
             self.group(parts[3])
             return
         if scope.lower().rstrip("/") not in self.resources:
-            raise self._rbac_error(404, "ResourceNotFound", f"The scope '{scope}' does not exist.")
+            raise ArmError(404, "ResourceNotFound", f"The scope '{scope}' does not exist.")
 
     def get_role_assignment(self, scope: str, name: str) -> dict:
         key = f"{scope.rstrip('/')}/providers/Microsoft.Authorization/roleAssignments/{name}".lower()
         found = self.role_assignments.get(key)
         if found is None:
-            raise self._rbac_error(404, "RoleAssignmentNotFound", f"The role assignment '{name}' is not found.")
+            raise ArmError(404, "RoleAssignmentNotFound", f"The role assignment '{name}' is not found.")
         return copy.deepcopy(found)
 
     def delete_role_assignment(self, scope: str, name: str) -> dict | None:
