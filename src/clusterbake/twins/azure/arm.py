@@ -4,7 +4,9 @@
 
 Writes `DIR/endpoints.json` once listening: the ARM URL, the proxy URL, the CA file, the
 subscription and tenant, and the environment a client needs (`env`). The resources and
-Azure's rules are in state.py; this module is the wire protocol:
+Azure's rules are in state.py (and its mixins); this module is ARM's wire protocol, with the
+shared HTTP plumbing in handler.py, Key Vault's data plane in vault_plane.py and the endpoints
+behind the CONNECT proxy in services.py:
 
 - **URLs** are ARM's (`/subscriptions/{s}/resourceGroups/{g}/providers/{ns}/{type}/{name}`,
   case-insensitive), every ARM request needs `api-version` (MissingApiVersionParameter,
@@ -44,29 +46,29 @@ import os
 import re
 import secrets
 import socket
-import ssl
 import sys
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
-from clusterbake.twins.azure import blob, prices, rbac, skus
+from clusterbake.twins.azure import rbac, skus
+from clusterbake.twins.azure.handler import ARM_AUDIENCE, AUDIENCES, STORAGE_AUDIENCE, VAULT_AUDIENCE, Handler, Reply  # noqa: F401
+from clusterbake.twins.azure.services import (  # noqa: F401
+    BlobHandler,
+    BootLogHandler,
+    PricesHandler,
+    ProxyHandler,
+    ProxyServer,
+    ServiceHandler,
+    TlsServer,
+)
 from clusterbake.twins.azure.state import ArmError, ArmState, Operation, ResourceId
 from clusterbake.twins.azure.tls import make_certificates, server_context
+from clusterbake.twins.azure.vault_plane import VaultHandler  # noqa: F401
 
 API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}(-preview)?$")
-KEYVAULT_API_VERSION = re.compile(r"^(\d+\.\d+(-preview(\.\d+)?)?|\d{4}-\d{2}-\d{2}(-preview)?)$")
-VAULT_HOST = re.compile(r"^([a-z0-9-]{3,24})\.vault\.azure\.net:443$")
-# Boot diagnostics' managed storage: retrieveBootDiagnosticsData answers SAS URIs of blobs there.
-BOOT_LOG_HOST = re.compile(r"^(md-[a-z0-9]{12})\.blob\.storage\.azure\.net:443$")
-BOOT_LOG_BYTES = 1024 * 1024  # what the twin serves of a node's serial console log (its end)
-ARM_AUDIENCE = "https://management.azure.com"
-VAULT_AUDIENCE = "https://vault.azure.net"
-STORAGE_AUDIENCE = "https://storage.azure.com"
-AUDIENCES = (ARM_AUDIENCE, VAULT_AUDIENCE, STORAGE_AUDIENCE)
 TOKEN_SECONDS = 3600
 
 
@@ -169,85 +171,6 @@ class Twin:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.state.snapshot(), indent=1, sort_keys=True))
         tmp.replace(self.state_file)
-
-
-class Reply(Exception):
-    """A response to send: status, JSON body (or None), headers."""
-
-    def __init__(self, status: int, body=None, headers: dict | None = None):
-        super().__init__(status)
-        self.status, self.body, self.headers = status, body, headers or {}
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "clusterbake-azure-twin"
-    twin: Twin  # set on the subclass per server
-
-    def log_message(self, format, *args):
-        sys.stderr.write(f"{self.address_string()} {format % args}\n")
-
-    # --- plumbing -------------------------------------------------------------------------
-
-    def _body(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if not raw:
-            return {}
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise ArmError(
-                400, "InvalidRequestContent", "The request content was invalid and could not be deserialized."
-            ) from None
-
-    def _send(self, status: int, body=None, headers: dict | None = None) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
-        self.send_response(status)
-        request_id = self.headers.get("x-ms-client-request-id") or secrets.token_hex(16)
-        self.send_header("x-ms-request-id", request_id)
-        self.send_header("x-ms-correlation-request-id", request_id)
-        if body is not None:
-            self.send_header("Content-Type", "application/json; charset=utf-8")
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if data and self.command != "HEAD":
-            self.wfile.write(data)
-
-    def _dispatch(self) -> None:
-        split = urlsplit(self.path)
-        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        mutating = self.command in ("PUT", "DELETE", "POST", "PATCH")
-        try:
-            body = self._body() if self.command in ("PUT", "POST", "PATCH") else {}
-            with self.twin.state.lock:
-                self.twin.state.advance()
-                self.route(split.path, query, body)
-        except Reply as reply:
-            if mutating or reply.headers.get("Azure-AsyncOperation"):
-                with self.twin.state.lock:
-                    self.twin.save()
-            self._send(reply.status, reply.body, reply.headers)
-        except ArmError as error:
-            headers = {"x-ms-failure-cause": "gateway"} if error.status == 401 else {}
-            if error.status == 401:
-                headers["WWW-Authenticate"] = (
-                    f'Bearer authorization_uri="https://login.microsoftonline.com/{self.twin.state.tenant}", '
-                    'error="invalid_token"'
-                )
-            self._send(error.status, error.body(), headers)
-        except Exception as exc:  # a twin bug: Azure's 500 shape, and the traceback in the log
-            import traceback
-
-            traceback.print_exc()
-            self._send(500, {"error": {"code": "InternalServerError", "message": f"twin: {exc!r}"}})
-
-    do_GET = do_PUT = do_DELETE = do_POST = do_PATCH = do_HEAD = _dispatch
-
-    def route(self, path: str, query: dict, body) -> None:
-        raise NotImplementedError
 
 
 class ArmHandler(Handler):
@@ -633,309 +556,6 @@ def _tag_filter(text: str | None) -> tuple[str, str | None] | None:
 
 
 # --- Key Vault data plane ------------------------------------------------------------------------
-
-
-class VaultHandler(Handler):
-    """`https://<vault>.vault.azure.net/secrets/...` inside a CONNECT tunnel (vault_name set per tunnel)."""
-
-    vault_name = ""
-
-    def route(self, path: str, query: dict, body) -> None:
-        state = self.twin.state
-        vault = state.vault_by_name(self.vault_name)
-        if vault is None:
-            raise ArmError(404, "VaultNotFound", f"The vault {self.vault_name} does not exist.")
-        version = query.get("api-version")
-        if not version or not KEYVAULT_API_VERSION.match(version):
-            raise ArmError(400, "BadParameter", "The request URI contains an invalid API version.")
-        if not self.headers.get("Authorization"):
-            # Key Vault's challenge: where to get a token, for which resource.
-            raise Reply(
-                401,
-                {"error": {"code": "Unauthorized", "message": "AKV10000: Request is missing a Bearer or PoP token."}},
-                {
-                    "WWW-Authenticate": f'Bearer authorization="https://login.microsoftonline.com/{state.tenant}", '
-                    f'resource="{VAULT_AUDIENCE}"'
-                },
-            )
-        try:
-            claims = self.twin.verify(self.headers.get("Authorization"), VAULT_AUDIENCE)
-        except ArmError as error:
-            raise Reply(401, {"error": {"code": "Unauthorized", "message": error.message}}) from None
-        parts = [p for p in path.split("/") if p]
-        permission = {"GET": "get", "PUT": "set", "PATCH": "set", "DELETE": "delete"}.get(self.command, "")
-        if parts and parts[0] == "secrets" and (len(parts) == 1 or parts[2:] == ["versions"]):
-            permission = "list"
-        if parts and parts[0] == "deletedsecrets":
-            permission = {"GET": "get", "DELETE": "purge"}.get(self.command, "")
-        if not state.secret_access(vault, claims["oid"], permission):
-            raise Reply(
-                403,
-                {
-                    "error": {
-                        "code": "Forbidden",
-                        "message": f"The user, group or application 'appid={claims['appid']};oid={claims['oid']}' "
-                        f"does not have secrets {permission} permission on key vault '{vault['name']};location="
-                        f"{vault['location']}'.",
-                        "innererror": {"code": "AccessDenied"},
-                    }
-                },
-            )
-        store = state.secrets.setdefault(vault["name"].lower(), {})
-        deleted = state.secrets.setdefault("deleted:" + vault["name"].lower(), {})
-        uri = vault["properties"]["vaultUri"].rstrip("/")
-        if parts[:1] == ["secrets"] and len(parts) == 1 and self.command == "GET":
-            items = [
-                {
-                    "id": f"{uri}/secrets/{name}",
-                    "attributes": versions[-1]["attributes"],
-                    "tags": versions[-1].get("tags"),
-                }
-                for name, versions in sorted(store.items())
-            ]
-            raise Reply(200, {"value": items, "nextLink": None})
-        if parts[:1] == ["secrets"] and len(parts) in (2, 3):
-            name = parts[1]
-            if not re.fullmatch(r"[0-9a-zA-Z-]{1,127}", name):
-                raise Reply(400, {"error": {"code": "BadParameter", "message": f"Invalid secret name {name}."}})
-            if self.command == "PUT" and len(parts) == 2:
-                if name.lower() in deleted:
-                    raise Reply(
-                        409,
-                        {
-                            "error": {
-                                "code": "Conflict",
-                                "message": f"Secret {name} is currently in a deleted but recoverable state.",
-                            }
-                        },
-                    )
-                if not isinstance(body.get("value"), str):
-                    raise Reply(400, {"error": {"code": "BadParameter", "message": "The secret value is required."}})
-                now = int(time.time())
-                version_id = hashlib.sha256(
-                    f"{vault['name']}/{name}/{len(store.get(name.lower(), []))}".encode()
-                ).hexdigest()[:32]
-                bundle = {
-                    "value": body["value"],
-                    "id": f"{uri}/secrets/{name}/{version_id}",
-                    "attributes": {
-                        "enabled": True,
-                        "created": now,
-                        "updated": now,
-                        "recoveryLevel": "Recoverable+Purgeable",
-                    },
-                    "tags": body.get("tags") or {},
-                }
-                if body.get("contentType"):
-                    bundle["contentType"] = body["contentType"]
-                store.setdefault(name.lower(), []).append(bundle)
-                raise Reply(200, bundle)
-            versions = store.get(name.lower())
-            if not versions:
-                raise Reply(
-                    404,
-                    {
-                        "error": {
-                            "code": "SecretNotFound",
-                            "message": f"A secret with (name/id) {name} was not found in this key vault.",
-                        }
-                    },
-                )
-            if self.command == "GET" and parts[2:] == ["versions"]:
-                items = [{k: v for k, v in version.items() if k != "value"} for version in versions]
-                raise Reply(200, {"value": items, "nextLink": None})
-            chosen = versions[-1]
-            if len(parts) == 3 and parts[2]:
-                match = [v for v in versions if v["id"].endswith("/" + parts[2])]
-                if not match:
-                    raise Reply(404, {"error": {"code": "SecretNotFound", "message": f"No version {parts[2]}."}})
-                chosen = match[0]
-            if self.command == "PATCH" and len(parts) == 3:
-                # UpdateSecret: attributes (enabled), content type and tags of one version; never its value.
-                chosen["attributes"].update(
-                    {k: v for k, v in (body.get("attributes") or {}).items() if k in ("enabled", "exp", "nbf")}
-                )
-                chosen["attributes"]["updated"] = int(time.time())
-                for key in ("contentType", "tags"):
-                    if key in body:
-                        chosen[key] = body[key]
-                raise Reply(200, {k: v for k, v in chosen.items() if k != "value"})
-            if self.command == "GET":
-                if not chosen["attributes"].get("enabled", True):
-                    raise Reply(
-                        403,
-                        {
-                            "error": {
-                                "code": "Forbidden",
-                                "message": "Operation get is not allowed on a disabled secret.",
-                                "innererror": {"code": "SecretDisabled"},
-                            }
-                        },
-                    )
-                raise Reply(200, chosen)
-            if self.command == "DELETE" and len(parts) == 2:
-                store.pop(name.lower())
-                latest = dict(versions[-1])
-                latest.pop("value")
-                deleted[name.lower()] = latest | {
-                    "recoveryId": f"{uri}/deletedsecrets/{name}",
-                    "deletedDate": int(time.time()),
-                    "scheduledPurgeDate": int(time.time()) + 90 * 86400,
-                }
-                raise Reply(200, deleted[name.lower()])
-        if parts[:1] == ["deletedsecrets"] and len(parts) == 2:
-            item = deleted.get(parts[1].lower())
-            if item is None:
-                raise Reply(
-                    404, {"error": {"code": "SecretNotFound", "message": f"Deleted Secret not found: {parts[1]}"}}
-                )
-            if self.command == "GET":
-                raise Reply(200, item)
-            if self.command == "DELETE":
-                deleted.pop(parts[1].lower())
-                raise Reply(204)
-        raise Reply(404, {"error": {"code": "NotFound", "message": f"{self.command} {path} is not emulated."}})
-
-
-class ServiceHandler(BaseHTTPRequestHandler):
-    """A data plane the twin serves outside ARM's protocol (its own answers, its own log label)."""
-
-    protocol_version = "HTTP/1.1"
-    twin: Twin
-    label = "service"
-
-    def log_message(self, format, *args):
-        sys.stderr.write(f"{self.label} {self.address_string()} {format % args}\n")
-
-    def reply(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if body and self.command != "HEAD":
-            self.wfile.write(body)
-
-
-class BlobHandler(ServiceHandler):
-    """`https://<account>.blob.core.windows.net/...` (blob.py) inside a tunnel or at the nodes' address."""
-
-    label = "blob"
-    account_name = ""
-
-    def _serve(self) -> None:
-        self.reply(
-            *blob.handle(
-                self.twin, self.command, self.path, self.headers, self.client_address[0], self.account_name,
-                self.twin.blob_root,
-            )
-        )  # fmt: skip
-
-    do_GET = do_HEAD = do_PUT = do_DELETE = do_POST = _serve
-
-
-class BootLogHandler(ServiceHandler):
-    """Boot diagnostics' managed storage inside a tunnel: a VM's serial console log (its node's
-    console) by the SAS URI retrieveBootDiagnosticsData gave, as Blob Storage answers a blob GET."""
-
-    label = "bootdiagnostics"
-    host_name = ""
-
-    def _refuse(self, status: int, code: str, message: str) -> None:
-        body = f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}</Message></Error>'
-        self.reply(status, body.encode(), {"Content-Type": "application/xml", "x-ms-error-code": code})
-
-    def do_GET(self) -> None:
-        split = urlsplit(self.path)
-        query = {k: v[-1] for k, v in parse_qs(split.query).items()}
-        expiry, signature = query.get("se", ""), query.get("sig", "")
-        expected = self.twin.boot_log_signature(split.path, expiry)
-        if not signature or not hmac.compare_digest(signature, expected):
-            return self._refuse(403, "AuthenticationFailed", "Signature did not match.")
-        if expiry < time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()):
-            return self._refuse(403, "AuthenticationFailed", "Signed expiry time has passed.")
-        container, _, blob_name = split.path.strip("/").partition("/")
-        log_file = self.twin.console_log(container.removeprefix("bootdiagnostics-"))
-        if not blob_name.endswith(".serialconsole.log") or log_file is None or not log_file.exists():
-            return self._refuse(404, "BlobNotFound", "The specified blob does not exist.")
-        with log_file.open("rb") as handle:
-            handle.seek(max(log_file.stat().st_size - BOOT_LOG_BYTES, 0))
-            data = handle.read()
-        self.reply(200, data, {"Content-Type": "text/plain", "x-ms-blob-type": "AppendBlob"})
-
-
-class PricesHandler(ServiceHandler):
-    """`https://prices.azure.com/api/retail/prices` (prices.py) inside a tunnel: anonymous, as the API is."""
-
-    label = "prices"
-    host_name = ""
-
-    def do_GET(self) -> None:
-        status, answer = prices.answer(self.path)
-        self.reply(status, json.dumps(answer).encode(), {"Content-Type": "application/json; charset=utf-8"})
-
-
-# What the CONNECT proxy tunnels: host:443 pattern -> (handler class, the attribute the match names).
-TUNNELS = (
-    (VAULT_HOST, VaultHandler, "vault_name"),
-    (BOOT_LOG_HOST, BootLogHandler, "host_name"),
-    (re.compile(r"^([a-z0-9]{3,24})\.blob\.core\.windows\.net:443$"), BlobHandler, "account_name"),
-    (re.compile(r"^(prices\.azure\.com):443$"), PricesHandler, "host_name"),
-)
-
-
-class ProxyHandler(BaseHTTPRequestHandler):
-    """An HTTP CONNECT proxy that only tunnels to the twin's data planes (Key Vault, Blob), terminating TLS itself."""
-
-    protocol_version = "HTTP/1.1"
-    twin: Twin
-    context: ssl.SSLContext
-
-    def log_message(self, format, *args):
-        sys.stderr.write(f"proxy {self.address_string()} {format % args}\n")
-
-    def do_CONNECT(self):
-        target = self.path.lower()
-        tunnel_to = next(((p.match(target), h, a) for p, h, a in TUNNELS if p.match(target)), None)
-        if tunnel_to is None:
-            self.send_response(403, "only Key Vault, Blob Storage, boot diagnostics and Retail Prices hosts are served")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        match, base, attribute = tunnel_to
-        self.send_response(200, "Connection established")
-        self.end_headers()
-        self.wfile.flush()
-        try:
-            tunnel = self.context.wrap_socket(self.connection, server_side=True)
-        except (ssl.SSLError, OSError) as exc:
-            sys.stderr.write(f"proxy: TLS handshake failed: {exc}\n")
-            self.close_connection = True
-            return
-        handler = type(f"Tunnel{base.__name__}", (base,), {"twin": self.twin, attribute: match.group(1)})
-        handler(tunnel, self.client_address, self.server)
-        self.close_connection = True
-
-
-class TlsServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address, handler, context: ssl.SSLContext):
-        self.context = context
-        super().__init__(address, handler)
-
-    def get_request(self):
-        sock, address = super().get_request()
-        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
-
-    def handle_error(self, request, client_address):
-        if isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError)):
-            return  # a client that gave up (or does not trust the CA): not the twin's error
-        super().handle_error(request, client_address)
-
-
-class ProxyServer(ThreadingHTTPServer):
-    daemon_threads = True
 
 
 def serve(directory: Path, host: str = "127.0.0.1", port: int = 0, proxy_port: int = 0, page_size: int = 25,
