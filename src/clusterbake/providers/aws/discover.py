@@ -5,6 +5,7 @@ from __future__ import annotations
 from clusterbake.progress import say
 from clusterbake.providers.aws import tags
 from clusterbake.providers.aws.api import paginate
+from clusterbake.providers.cloud import Machine, NodeState
 
 PAGE_SIZE = 1000  # DescribeInstances' largest page
 LIVE = ("pending", "running", "stopping", "stopped")
@@ -54,3 +55,30 @@ def host_vars(instance: dict) -> dict:
         "clusterbake_availability_zone": placement.get("AvailabilityZone"),
         "clusterbake_placement_group": placement.get("GroupName") or None,
     }
+
+
+def machines_of(instances: dict[str, dict]) -> dict[str, Machine]:
+    """Instances by node name as the cloud providers' machine records."""
+    return {
+        name: Machine(
+            name=name,
+            id=instance["InstanceId"],
+            label=instance["InstanceId"],
+            address=instance.get("PrivateIpAddress"),
+            size=instance["InstanceType"],
+            state=INSTANCE_STATES.get(instance["State"]["Name"], NodeState.UNKNOWN),
+            state_text=instance["State"]["Name"],
+            image=instance.get("ImageId"),
+            record=instance,
+        )
+        for name, instance in instances.items()
+    }
+
+
+INSTANCE_STATES = {
+    "pending": NodeState.PENDING,
+    "running": NodeState.RUNNING,
+    "stopping": NodeState.STOPPING,
+    "stopped": NodeState.STOPPED,
+    "shutting-down": NodeState.STOPPING,
+}

@@ -21,7 +21,7 @@ from clusterbake.providers.aws.api import aws_error_translation, aws_errors, cal
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.aws.launch import BATCH, GroupLaunch, NodeLaunch, launch_groups, wait_for_state
 from clusterbake.providers.base import BillingCheck, CostEstimate
-from clusterbake.providers.cloud import CloudProvider, Machine, NodeState, Publish
+from clusterbake.providers.cloud import CloudProvider, Machine, Publish
 from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data, user_data_template
 from clusterbake.state import StateDir
 
@@ -98,7 +98,7 @@ class AwsProvider(CloudProvider):
 
     def machines(self, power: bool = False) -> dict[str, Machine]:
         """The cluster's live instances by node name (EC2 says their state without another call)."""
-        return machines_of(discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name)))
+        return discover.machines_of(discover.by_name(discover.cluster_instances(self.client, self.config.cluster_name)))
 
     @property
     def subnet(self) -> dict:
@@ -205,7 +205,7 @@ class AwsProvider(CloudProvider):
 
         existing = discover.by_name(discover.cluster_instances(self.client, cluster))
         # Every planned node's address is decided (and kept) now, elastic ones included.
-        addresses = self.addresses(machines_of(existing), in_use=self._addresses_in_use())
+        addresses = self.addresses(discover.machines_of(existing), in_use=self._addresses_in_use())
         if "head" in existing:
             self._ensure_head_profile(existing["head"], head_profile)
         static = [n for n in self.nodes if not n.elastic]
@@ -461,7 +461,7 @@ class AwsProvider(CloudProvider):
         # purpose (reason None) was drained by whoever replaced it.
         if not node.elastic and reason:
             self.tell_slurm_down(name, reason)
-        addresses = self.addresses(machines_of(existing))
+        addresses = self.addresses(discover.machines_of(existing))
         try:
             self._launch([node], templates, state["security_group"], addresses)
         except ClusterbakeError:
@@ -580,7 +580,7 @@ class AwsProvider(CloudProvider):
         if not instances:
             return aws_inventory(self.config, [], infos, extra)
         named = discover.by_name(instances, warn=False)
-        addresses = self.addresses(machines_of(named))
+        addresses = self.addresses(discover.machines_of(named))
         if any(g.elastic for g in self.config.node_groups) or self.config.recovery.replace_lost_nodes:
             extra |= {"slurm_power_provider": "aws", "slurm_power_aws": self._power_vars(addresses, infos)}
         planned = {n.name: self._planned_host_vars(n) for n in self.nodes if n.name not in named}
@@ -776,30 +776,3 @@ def aws_inventory(
             if counts:
                 hostvars[planned.name]["node_health_efa_devices"] = min(counts)
     return build_inventory(config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
-
-
-def machines_of(instances: dict[str, dict]) -> dict[str, Machine]:
-    """Instances by node name as the cloud providers' machine records."""
-    return {
-        name: Machine(
-            name=name,
-            id=instance["InstanceId"],
-            label=instance["InstanceId"],
-            address=instance.get("PrivateIpAddress"),
-            size=instance["InstanceType"],
-            state=INSTANCE_STATES.get(instance["State"]["Name"], NodeState.UNKNOWN),
-            state_text=instance["State"]["Name"],
-            image=instance.get("ImageId"),
-            record=instance,
-        )
-        for name, instance in instances.items()
-    }
-
-
-INSTANCE_STATES = {
-    "pending": NodeState.PENDING,
-    "running": NodeState.RUNNING,
-    "stopping": NodeState.STOPPING,
-    "stopped": NodeState.STOPPED,
-    "shutting-down": NodeState.STOPPING,
-}

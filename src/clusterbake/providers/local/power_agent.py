@@ -25,7 +25,9 @@ import argparse
 import hmac
 import json
 import os
+import secrets
 import socketserver
+import subprocess
 import sys
 import threading
 import time
@@ -37,10 +39,17 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+from clusterbake.errors import ClusterbakeError
+from clusterbake.nspawn import machines
+from clusterbake.progress import say
+from clusterbake.state import ClusterDir, write_secret
+
 MAX_BODY = 1 << 20
 SOCKET_NAME = "agent.sock"
 # Where the head sees the agent's directory (a read-only bind: a socket still takes connections).
 HEAD_SOCKET_DIR = "/run/clusterbake-power-agent"
+PID_FILE = "power-agent.pid"  # in the cluster's directory
+START_TIMEOUT = 20.0
 
 
 def log(message: str) -> None:
@@ -172,6 +181,51 @@ def serve(agent: Agent, socket_path: Path) -> None:
     os.chmod(socket_path, 0o666)
     log(f"power agent on {socket_path}")
     server.serve_forever()
+
+
+# --- the host's side: starting and stopping the agent (LocalProvider) ---------------------------
+
+
+def _pid(cluster: ClusterDir) -> int | None:
+    try:
+        pid = int((cluster.root / PID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if machines.alive(pid) else None
+
+
+def ensure_running(cluster: ClusterDir, config: Path, state: Path, socket_dir: Path, token_file: Path) -> None:
+    """Start the cluster's agent unless it runs: in a session of its own, its token made once (0600),
+    its log in the cluster's logs; wait until it listens."""
+    if _pid(cluster) is not None:
+        return
+    write_secret(token_file, lambda: secrets.token_hex(32).encode())
+    log_file = cluster.logs / "power-agent.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    socket_path = socket_dir / SOCKET_NAME
+    argv = [
+        sys.executable, "-m", "clusterbake.providers.local.power_agent",
+        "--config", str(config), "--state", str(state), "--socket", str(socket_path), "--token-file", str(token_file),
+    ]  # fmt: skip
+    socket_path.unlink(missing_ok=True)
+    with log_file.open("ab") as out, open(os.devnull, "rb") as devnull:
+        process = subprocess.Popen(argv, stdin=devnull, stdout=out, stderr=out, start_new_session=True)
+    (cluster.root / PID_FILE).write_text(f"{process.pid}\n")
+    deadline = time.monotonic() + START_TIMEOUT
+    while not machines.unix_socket_open(socket_path):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise ClusterbakeError(f"the power agent did not start; see {log_file}")
+        time.sleep(0.1)
+    say(f"    power agent (elastic and lost nodes) on {socket_path} (the head's {HEAD_SOCKET_DIR})")
+
+
+def stop(cluster: ClusterDir) -> bool:
+    """Stop the cluster's agent; whether one ran."""
+    pid = _pid(cluster)
+    if pid is None:
+        return False
+    machines.stop(pid, timeout=5.0)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

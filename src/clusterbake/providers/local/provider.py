@@ -7,21 +7,15 @@ import fcntl
 import ipaddress
 import json
 import os
-import secrets
-import stat
 import subprocess
-import sys
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import hostlist
 import yaml
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from clusterbake.errors import ClusterbakeError, ConfigError, NodesDidNotBoot
 from clusterbake.images.store import find_local_image
@@ -30,9 +24,10 @@ from clusterbake.nspawn import limits, machines, network, rootfs
 from clusterbake.plan import address_pool, assign_addresses
 from clusterbake.progress import say
 from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
+from clusterbake.providers.local import node_disk, power_agent
+from clusterbake.providers.local.node_disk import write_host_keys  # noqa: F401 (tests build keys with it)
 from clusterbake.providers.local.power_agent import HEAD_SOCKET_DIR, SOCKET_NAME
 from clusterbake.remote import Endpoint
-from clusterbake.state import write_secret
 
 # Where the image keeps the join program and a node its bundle (role node_join's defaults).
 JOIN_PROGRAM = "/usr/local/sbin/clusterbake-node-join"
@@ -55,47 +50,9 @@ def write_file(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _write_private(root: Path, path: str, data: bytes) -> None:
-    """A file in a node's root only root reads (a join bundle holds the munge key), written without
-    following any link the node made (rootfs)."""
-    rootfs.write_in_root(root, path, data, 0o600)
-
-
-# A local cluster's storage is host directories bound into its nodes (`hostdir`, the only kind the
-# local provider takes), and this host's kernel has no NFS: the NFS client stack the image carries
-# for the clouds (rpcbind, statd's reboot notice, the rpc_pipefs mount, which fails in a container)
-# would only cost each node's boot.
-NFS_GENERATORS = ("nfs-server-generator", "rpc-pipefs-generator")
-NFS_UNITS = (
-    "nfs-client.target",
-    "rpcbind.service",
-    "rpcbind.socket",
-    "rpc-statd-notify.service",
-    "var-lib-nfs-rpc_pipefs.mount",
-    "run-rpc_pipefs.mount",
-)
-NVIDIA_MAJOR = 195  # the character device major number of NVIDIA's GPU devices
-# Read by the job templates (scripts/jobs/torchrun-node): this node's GPUs are placeholders, CPU is expected.
-PLACEHOLDER_GPUS_MARKER = "/etc/clusterbake/placeholder-gpus"
 # Compute nodes started at once by `cluster up`: each start is mostly waiting on `ip`, mount and
 # nspawn processes, which overlap; more than a few only crowd 2 cores.
 START_WORKERS = 4
-
-
-def write_host_keys(ssh_dir: Path, comment: str) -> None:
-    """A node's SSH host keys (ed25519 and ECDSA P-256, as `ssh-keygen -t` makes them), generated
-    in-process: a node's first boot needs two, and 32 nodes' ssh-keygen runs took over a second."""
-    keys = {"ed25519": ed25519.Ed25519PrivateKey.generate(), "ecdsa": ec.generate_private_key(ec.SECP256R1())}
-    for kind, key in keys.items():
-        private = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-        )
-        public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        path = ssh_dir / f"ssh_host_{kind}_key"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(private)
-        path.with_suffix(".pub").write_bytes(public + f" {comment}\n".encode())
 
 
 class LocalProvider(Provider):
@@ -304,7 +261,7 @@ class LocalProvider(Provider):
         # Staged, not at JOIN_BUNDLE: a node whose early join ended (or clusterbake with it) before
         # after_configure released its held services has no bundle, so a next join applies it whole.
         for name in nodes.values():
-            _write_private(self._paths(name).root, EARLY_BUNDLE, bundle)
+            node_disk.write_private(self._paths(name).root, EARLY_BUNDLE, bundle)
         argv = [JOIN_PROGRAM, "--bundle", EARLY_BUNDLE, *(f"--hold={service}" for service in held)]
         try:
             results = machines.run_inside({machine: inits[machine] for machine in nodes}, argv)
@@ -396,7 +353,9 @@ class LocalProvider(Provider):
             self._image_record(name).write_text(f"{image}\n")
         self._personalize(name, paths.root)
         machines.mask_in_root(
-            paths.root, machines.CONTAINER_IDLE_GENERATORS + NFS_GENERATORS, machines.CONTAINER_IDLE_UNITS + NFS_UNITS
+            paths.root,
+            machines.CONTAINER_IDLE_GENERATORS + node_disk.NFS_GENERATORS,
+            machines.CONTAINER_IDLE_UNITS + node_disk.NFS_UNITS,
         )
         self._hand_over_join_bundle(name, paths.root)
         init_args = []
@@ -422,28 +381,11 @@ class LocalProvider(Provider):
         machines.spawn(argv, self.machine_name(name), paths.console_log, shared_cpu=self.node(name).role == "compute")
 
     def _gpu_devices(self, name: str) -> dict[str, Path]:
-        """Placeholder GPUs (`gpus: N`): character devices /dev/nvidia0..N-1 with NVIDIA's major number.
-
-        Not GPUs: no driver answers them (opening one fails). They exist so that slurmd
-        finds the gres.conf `File=` devices and schedules, binds and counts them as it
-        would on a GPU node. /etc/clusterbake/placeholder-gpus says so to the jobs (torchrun-node
-        refuses to train on the CPU when a job was given real GPUs that torch cannot use).
-        """
+        """Placeholder GPUs of the node's group (`gpus: N`; node_disk.placeholder_gpus)."""
         group = next((g for g in self.config.node_groups if g.name == self.node(name).nodegroup), None)
         if group is None or not group.gpus:
             return {}
-        directory = self._paths(name).base / "devices"
-        directory.mkdir(parents=True, exist_ok=True)
-        devices = {}
-        for index in range(group.gpus):
-            path = directory / f"nvidia{index}"
-            if not path.exists():
-                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, index))
-            devices[f"/dev/nvidia{index}"] = path
-        marker = directory / "placeholder-gpus"
-        marker.write_text(f"{group.gpus} placeholder GPUs of the local provider: no driver, jobs run on the CPU\n")
-        devices[PLACEHOLDER_GPUS_MARKER] = marker
-        return devices
+        return node_disk.placeholder_gpus(self._paths(name).base / "devices", group.gpus)
 
     def injected(self, kind: str) -> set[str]:
         """Node names listed in `<cluster dir>/inject/<kind>` (fault injection for the tests: boot-fail,
@@ -453,24 +395,9 @@ class LocalProvider(Provider):
 
     def _personalize(self, name: str, root: Path) -> None:
         """First boot only: identity of the node (hostname, machine-id, host keys, access)."""
-        marker = root / "etc" / "clusterbake-node"
-        if marker.exists():
-            return
-        (root / "etc" / "hostname").write_text(f"{name}\n")
-        (root / "etc" / "machine-id").write_text(uuid.uuid4().hex + "\n")
-        ssh_dir = root / "etc" / "ssh"
-        for old in ssh_dir.glob("ssh_host_*"):
-            old.unlink()
-        write_host_keys(ssh_dir, f"root@{name}")
-        root_ssh = root / "root" / ".ssh"
-        root_ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
-        keys = root_ssh / "authorized_keys"
-        keys.write_text(self.cluster.ssh_key.with_suffix(".pub").read_text())
-        keys.chmod(0o600)
-        hosts = ["127.0.0.1 localhost", f"127.0.1.1 {name}"]
-        hosts += [f"{address} {node}" for node, address in self.addresses().items() if node != name]
-        (root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
-        marker.write_text(f"{self.config.cluster_name}/{name}\n")
+        others = {node: address for node, address in self.addresses().items() if node != name}
+        public_key = self.cluster.ssh_key.with_suffix(".pub").read_text()
+        node_disk.personalize(root, name, f"{self.config.cluster_name}/{name}", public_key, others)
 
     def _hand_over_join_bundle(self, name: str, root: Path) -> None:
         """A compute node that boots with its group's bundle joins by itself (no Ansible run)."""
@@ -478,7 +405,7 @@ class LocalProvider(Provider):
         bundle = self.cluster.join_bundles / f"{node.nodegroup}.json"
         if node.role != "compute" or not bundle.exists():
             return
-        _write_private(root, JOIN_BUNDLE, bundle.read_bytes())
+        node_disk.write_private(root, JOIN_BUNDLE, bundle.read_bytes())
 
     def _write_known_hosts(self) -> None:
         lines = []
@@ -518,7 +445,7 @@ class LocalProvider(Provider):
             target.write_bytes(console.read_bytes() if console.exists() else b"(no console output)\n")
             kept.append(target)
             journal = folder / f"{name}.journal.txt"
-            journal.write_text(_journal_tail(running.get(self.machine_name(name)), self._paths(name).root))
+            journal.write_text(node_disk.journal_tail(running.get(self.machine_name(name)), self._paths(name).root))
             kept.append(journal)
         return kept
 
@@ -683,44 +610,14 @@ class LocalProvider(Provider):
         """Whether the head's power program starts nodes: elastic ones, or lost static ones."""
         return any(n.elastic for n in self.nodes) or self.config.recovery.replace_lost_nodes
 
-    def _agent_pid(self) -> int | None:
-        path = self.cluster.root / "power-agent.pid"
-        try:
-            pid = int(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return pid if machines.alive(pid) else None
-
     def ensure_power_agent(self) -> None:
         """The host-side service the head's ResumeProgram and SuspendProgram call (power_agent.py)."""
-        if self._agent_pid() is not None:
-            return
-        write_secret(self.power_token_file, lambda: secrets.token_hex(32).encode())
-        log = self.cluster.logs / "power-agent.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        socket_path = self.power_agent_dir / SOCKET_NAME
-        argv = [
-            sys.executable, "-m", "clusterbake.providers.local.power_agent",
-            "--config", str(self.config_path), "--state", str(self.state.root),
-            "--socket", str(socket_path), "--token-file", str(self.power_token_file),
-        ]  # fmt: skip
-        socket_path.unlink(missing_ok=True)
-        with log.open("ab") as out, open(os.devnull, "rb") as devnull:
-            process = subprocess.Popen(argv, stdin=devnull, stdout=out, stderr=out, start_new_session=True)
-        (self.cluster.root / "power-agent.pid").write_text(f"{process.pid}\n")
-        deadline = time.monotonic() + 20
-        while not machines.unix_socket_open(socket_path):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise ClusterbakeError(f"the power agent did not start; see {log}")
-            time.sleep(0.1)
-        say(f"    power agent (elastic and lost nodes) on {socket_path} (the head's {HEAD_SOCKET_DIR})")
+        power_agent.ensure_running(
+            self.cluster, self.config_path, self.state.root, self.power_agent_dir, self.power_token_file
+        )
 
     def stop_power_agent(self) -> bool:
-        pid = self._agent_pid()
-        if pid is None:
-            return False
-        machines.stop(pid, timeout=5.0)
-        return True
+        return power_agent.stop(self.cluster)
 
     @property
     def config_path(self) -> Path:
@@ -871,24 +768,6 @@ class LocalProvider(Provider):
 
     def billing_leftovers(self) -> BillingCheck:
         return BillingCheck(note="local: nothing bills")
-
-
-def _journal_tail(pid: int | None, root: Path, lines: int = 200) -> str:
-    """The last lines of a node's journal, read from the host (journald keeps it under the node's /run,
-    which only its running machine has, else on its disk)."""
-    places = [Path(f"/proc/{c}/root/run/log/journal") for c in machines._children(pid)] if pid else []
-    places.append(root / "var" / "log" / "journal")
-    # journald keeps its files in a directory per machine id below these.
-    for directory in (d for place in places if place.is_dir() for d in sorted(place.iterdir())):
-        if directory.is_dir():
-            result = subprocess.run(
-                ["journalctl", "--directory", str(directory), "--no-pager", "-n", str(lines)],
-                capture_output=True,
-                text=True,
-            )
-            if result.stdout.strip():
-                return result.stdout
-    return "(no journal found: the node's systemd never started journald, or it was already gone)\n"
 
 
 def _first_error(result) -> str:
