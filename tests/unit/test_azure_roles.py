@@ -296,11 +296,11 @@ def azure_run(tmp_path_factory):
             "tasks": [
                 {
                     "name": "Describe the blobfuse2 mounts",
-                    "ansible.builtin.import_role": {"name": "blobfuse2", "tasks_from": "configure"},
+                    "ansible.builtin.import_role": {"name": "blobfuse2", "tasks_from": "join_part"},
                 },
                 {
                     "name": "Describe the AMLFS mounts",
-                    "ansible.builtin.import_role": {"name": "amlfs_client", "tasks_from": "configure"},
+                    "ansible.builtin.import_role": {"name": "amlfs_client", "tasks_from": "join_part"},
                 },
             ],
         },
@@ -343,7 +343,7 @@ def azure_run(tmp_path_factory):
                 case(
                     "blobfuse2-no-container",
                     "blobfuse2",
-                    "configure",
+                    "join_part",
                     {
                         "blobfuse2_mounts": [{"account": "cbdata", "path": "/data"}],
                         "blobfuse2_identity_client_id": CLIENT_ID,
@@ -352,7 +352,7 @@ def azure_run(tmp_path_factory):
                 case(
                     "blobfuse2-bad-account",
                     "blobfuse2",
-                    "configure",
+                    "join_part",
                     {
                         "blobfuse2_mounts": [{"account": "CB_Data", "container": "data", "path": "/data"}],
                         "blobfuse2_identity_client_id": CLIENT_ID,
@@ -361,13 +361,13 @@ def azure_run(tmp_path_factory):
                 case(
                     "blobfuse2-no-identity",
                     "blobfuse2",
-                    "configure",
+                    "join_part",
                     {"blobfuse2_mounts": [{"account": "cbdata", "container": "data", "path": "/data"}]},
                 ),
                 case(
                     "blobfuse2-cache-in-mount",
                     "blobfuse2",
-                    "configure",
+                    "join_part",
                     {
                         "blobfuse2_mounts": [{"account": "cbdata", "container": "data", "path": "/mnt"}],
                         "blobfuse2_identity_client_id": CLIENT_ID,
@@ -378,7 +378,7 @@ def azure_run(tmp_path_factory):
                 case(
                     "amlfs-ib-interface",
                     "amlfs_client",
-                    "configure",
+                    "join_part",
                     {
                         "amlfs_client_lnet_interface": "ib0",
                         "amlfs_client_mounts": [{"mgs_address": "10.0.0.4", "path": "/lustre"}],
@@ -387,11 +387,11 @@ def azure_run(tmp_path_factory):
                 case(
                     "amlfs-mgs-hostname",
                     "amlfs_client",
-                    "configure",
+                    "join_part",
                     {"amlfs_client_mounts": [{"mgs_address": "amlfs.example.com", "path": "/lustre"}]},
                 ),
                 case(
-                    "amlfs-no-path", "amlfs_client", "configure", {"amlfs_client_mounts": [{"mgs_address": "10.0.0.4"}]}
+                    "amlfs-no-path", "amlfs_client", "join_part", {"amlfs_client_mounts": [{"mgs_address": "10.0.0.4"}]}
                 ),
                 case(
                     "sku-unknown-topology",
@@ -780,7 +780,7 @@ FAILURES = {
     ),
     "doca-bad-profile": ("Validating arguments against arg spec 'install'", ["doca_ofed_profile", "doca-everything"]),
     "blobfuse2-no-container": (
-        "Validating arguments against arg spec 'configure'",
+        "Validating arguments against arg spec 'join_part'",
         ["missing required arguments: container", "blobfuse2_mounts"],
     ),
     "blobfuse2-bad-account": ("Check the blobfuse2 mounts", ["blobfuse2_mounts needs in each entry an account (3-24"]),
@@ -811,7 +811,7 @@ FAILURES = {
         ["amlfs.example.com", "the MGS IPv4 address"],
     ),
     "amlfs-no-path": (
-        "Validating arguments against arg spec 'configure'",
+        "Validating arguments against arg spec 'join_part'",
         ["missing required arguments: path", "amlfs_client_mounts"],
     ),
     "sku-unknown-topology": (
