@@ -58,3 +58,15 @@ def drained_by_the_poll_that_saw_the_notice(notice_log: str, node: str) -> bool:
         first.startswith("notice: ") and second == f"drain {node}: {first[len('notice: ') :]}"
         for first, second in itertools.pairwise(lines)
     )
+
+
+def notice_log_after_the_drain(read_log: Callable[[], str], node: str, timeout: float = 15.0) -> str:
+    """The notice agent's log once it shows the notice's drain of `node` (the agent writes that line
+    after scontrol returns, so a reader that saw the drain in Slurm can be a moment early), or as it
+    stands when `timeout` ends: the caller asserts on it."""
+    text = read_log()
+    deadline = time.monotonic() + timeout
+    while not drained_by_the_poll_that_saw_the_notice(text, node) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        text = read_log()
+    return text

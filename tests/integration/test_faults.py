@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from localtest import CB, REPO, cb, on
-from polling import drained_by_the_poll_that_saw_the_notice, poll
+from polling import drained_by_the_poll_that_saw_the_notice, notice_log_after_the_drain, poll
 from timetable import boots_cluster
 
 from clusterbake.config import load_config
@@ -226,7 +226,8 @@ def test_a_spot_reclaim_mid_training_drains_checkpoints_and_requeues(faults_clus
         print(f"{victim} drained {time.monotonic() - noticed:.1f} s after the notice")
         assert found, node_state(victim)
         assert f"cb-cifaults-{victim}" in machines.find_machines("cb-cifaults-"), "drained only after the reclaim"
-        notice_log = fon(victim, "cat /var/log/clusterbake/notice.log").stdout
+        read_log = lambda: fon(victim, "cat /var/log/clusterbake/notice.log").stdout  # noqa: E731
+        notice_log = notice_log_after_the_drain(read_log, victim)
         assert drained_by_the_poll_that_saw_the_notice(notice_log, victim), notice_log
         state, reason = node_state(victim)
         assert state.startswith("drain"), state

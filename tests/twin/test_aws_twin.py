@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from polling import drained_by_the_poll_that_saw_the_notice, wait_for
+from polling import drained_by_the_poll_that_saw_the_notice, notice_log_after_the_drain, wait_for
 from twintest import CLUSTER, REGION, REPO, run
 
 from clusterbake.job_report import events
@@ -445,7 +445,8 @@ def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_r
     print(f"cpu-2 drained {time.monotonic() - noticed:.1f} s after the notice")
     still = twin.instance("cpu-2", states=("running",)) or {}
     assert still.get("InstanceId") == old["InstanceId"], "drained only after the reclaim"
-    notice_log = twin.on("cpu-2", "cat /var/log/clusterbake/notice.log").stdout
+    read_log = lambda: twin.on("cpu-2", "cat /var/log/clusterbake/notice.log").stdout  # noqa: E731
+    notice_log = notice_log_after_the_drain(read_log, "cpu-2")
     assert drained_by_the_poll_that_saw_the_notice(notice_log, "cpu-2"), notice_log
     assert reason().endswith("(EC2 spot/instance-action terminate)")
 
