@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,8 +261,6 @@ class NodeKeeper:
         return up
 
     def _boot(self, vm: Wanted, now: Callable[[], float]) -> None:
-        import traceback
-
         try:
             self.nodes.boot(vm.spec())
             self.started.add(vm.key)

@@ -638,7 +638,7 @@ class AzureProvider(CloudProvider):
         self.node(name)
         vm = self.cluster_vms(power=True).get(name)
         if vm is None:
-            raise ClusterbakeError(f"node {name} has no VM; `clusterbake cluster up` creates it")
+            raise self._missing(name)
         if vm.get("power") not in ("running", "starting"):
             self.clients.compute.virtual_machines.begin_start(vm["group"], vm["name"]).result()
 
