@@ -11,7 +11,7 @@ CB := $(VENV)/bin/clusterbake --config $(CONFIG)
 HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client openssh-server python3-venv git rsync nftables
 STAMP_VENV := $(VENV)/.installed
 # The node programs (roles/*/files) are Python without a .py name: found by their shebang.
-NODE_PROGRAMS := $(shell grep -l '^\#!.*python' roles/*/files/*)
+NODE_PROGRAMS := $(shell grep -ls '^\#!.*python' roles/*/files/*) $(wildcard roles/*/files/*/*.py)
 PY_SOURCES := src tests bench inventories examples scripts/jobs $(NODE_PROGRAMS)
 
 .DEFAULT_GOAL := help

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
+
+POWER_FILES = Path(__file__).resolve().parents[1] / "roles" / "slurm_power" / "files"
+POWER_MODULES = ("core", "cloud", "local", "aws", "azure", "commands")
 
 
 def load_program(name: str, path: Path) -> ModuleType:
@@ -15,3 +20,16 @@ def load_program(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def power_program(monkeypatch, state: Path) -> ModuleType:
+    """Role slurm_power's package clusterbake_power with its modules (`core`, `cloud`, `aws`, ...), its
+    state file at `state`. Patch a name where the program looks it up: scontrol and expand in
+    `core`, the backend in `commands`."""
+    if str(POWER_FILES) not in sys.path:
+        sys.path.insert(0, str(POWER_FILES))
+    package = importlib.import_module("clusterbake_power")
+    for name in POWER_MODULES:
+        importlib.import_module(f"clusterbake_power.{name}")
+    monkeypatch.setattr(package.core, "STATE", state)
+    return package

@@ -18,20 +18,14 @@ import json
 import programs
 import pytest
 import yaml
-from awstest import REGION, REPO, example_config, inventory, live_instances, provisioned, run_cb, tag_map
+from awstest import REGION, example_config, inventory, live_instances, provisioned, run_cb, tag_map
 
 from clusterbake.images.store import write_aws_record
 from clusterbake.providers.userdata import NAME_PLACEHOLDER
 from clusterbake.state import StateDir
 
 CLUSTER = "elasticaws"
-PROGRAM = REPO / "roles" / "slurm_power" / "files" / "clusterbake-power"
 PLAN = ["head", "cpu-1", "burst-1", "burst-2", "burst-3"]
-
-
-def load_program():
-    """roles/slurm_power/files/clusterbake-power as a module (it has no .py suffix)."""
-    return programs.load_program("clusterbake_power", PROGRAM)
 
 
 def _config(network, max_count=3):
@@ -62,11 +56,10 @@ def elastic(moto, network, tmp_path_factory):
 @pytest.fixture
 def program(elastic, moto, tmp_path, monkeypatch):
     """The power program with the inventory's settings, its state file and log under tmp_path."""
-    module = load_program()
-    monkeypatch.setattr(module, "STATE", tmp_path / "state.json")
+    module = programs.power_program(monkeypatch, tmp_path / "state.json")
     settings = inventory(moto, elastic["state_dir"], elastic["path"])["all"]["vars"]["slurm_power_aws"]
     config = {"provider": "aws", "capacity_cooldown": 300, "aws": settings, "log": str(tmp_path / "power.log")}
-    backend = module.AwsBackend(config, client=moto.ec2(), sleep=lambda _: None)
+    backend = module.aws.AwsBackend(config, client=moto.ec2(), sleep=lambda _: None)
     yield module, backend, tmp_path
     moto.limit_capacity(None)
     backend.power("stop", ["burst-2", "burst-3"])

@@ -2,7 +2,7 @@
 answers moto_server cannot give (an address a terminated instance still holds, throttling,
 an EFA group's interfaces per type), and Slurm's side of a failed resume.
 
-The program (roles/slurm_power/files/clusterbake-power) runs in-process; its state file and
+The program (package clusterbake_power in roles/slurm_power/files) runs in-process; its state file and
 log are under tmp_path; `scontrol` is replaced by a recorder.
 """
 
@@ -12,12 +12,12 @@ import email
 import functools
 import json
 
+import programs
 import pytest
 import yaml
 from botocore.stub import Stubber
 from moto.ec2.models.instance_types import INSTANCE_TYPES
 from stubbed import ec2_client
-from test_elastic_provision import load_program
 
 from clusterbake.providers.aws import resources
 from clusterbake.providers.aws.catalogue import Catalogue
@@ -54,9 +54,7 @@ def _settings(types=("p4d.24xlarge", "p4de.24xlarge"), efa=True) -> dict:
 
 @pytest.fixture
 def program(tmp_path, monkeypatch):
-    module = load_program()
-    monkeypatch.setattr(module, "STATE", tmp_path / "state.json")
-    return module
+    return programs.power_program(monkeypatch, tmp_path / "state.json")
 
 
 def _backend(module, tmp_path, client, sleeps=None, **settings):
@@ -66,7 +64,7 @@ def _backend(module, tmp_path, client, sleeps=None, **settings):
         "aws": _settings(**settings),
         "log": str(tmp_path / "power.log"),
     }
-    return module.AwsBackend(config, client=client, sleep=(sleeps if sleeps is not None else []).append)
+    return module.aws.AwsBackend(config, client=client, sleep=(sleeps if sleeps is not None else []).append)
 
 
 def _describe(stub, names, instances=()):
@@ -225,7 +223,7 @@ def test_an_address_a_terminated_instance_still_holds_is_waited_for(program, tmp
         stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"), expected)
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
         stub.assert_no_pending_responses()
-    assert sleeps == [program.ADDRESS_POLL] * 2
+    assert sleeps == [program.cloud.ADDRESS_POLL] * 2
     assert "10.0.0.250 still in use, waiting" in (tmp_path / "power.log").read_text()
 
 
@@ -323,9 +321,9 @@ def test_a_failed_resume_sets_the_node_down_with_the_ec2_error(program, tmp_path
     client = ec2_client()
     backend = _backend(program, tmp_path, client)
     calls: list[tuple] = []
-    monkeypatch.setattr(program, "backend", lambda config: backend)
-    monkeypatch.setattr(program, "expand", lambda hostlist: ["gpu-2"])
-    monkeypatch.setattr(program, "scontrol", lambda *args: calls.append(args) or "")
+    monkeypatch.setattr(program.commands, "backend", lambda config: backend)
+    monkeypatch.setattr(program.core, "expand", lambda hostlist: ["gpu-2"])
+    monkeypatch.setattr(program.core, "scontrol", lambda *args: calls.append(args) or "")
     with Stubber(client) as stub:
         _describe(stub, ["gpu-2"])
         for instance_type in ("p4d.24xlarge", "p4de.24xlarge"):
@@ -334,7 +332,7 @@ def test_a_failed_resume_sets_the_node_down_with_the_ec2_error(program, tmp_path
                 "InsufficientInstanceCapacity",
                 f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you requested.",
             )
-        assert program.resume(backend.config, "gpu-2") == 1
+        assert program.commands.resume(backend.config, "gpu-2") == 1
     [(node, state, reason)] = [c[1:] for c in calls]
     assert (node, state) == ("NodeName=gpu-2", "State=DOWN")
     assert reason.startswith(
@@ -389,14 +387,16 @@ def test_reconcile_returns_a_node_a_failed_resume_left_down(program, tmp_path, m
 
     backend = Backend()
     calls: list[tuple] = []
-    reason = f"{program.RESUME_FAILED}: no capacity (p4d.24xlarge: InsufficientInstanceCapacity)"
-    monkeypatch.setattr(program, "backend", lambda config: backend)
-    monkeypatch.setattr(program, "scontrol", lambda *args: calls.append(args) or "")
+    reason = f"{program.core.RESUME_FAILED}: no capacity (p4d.24xlarge: InsufficientInstanceCapacity)"
+    monkeypatch.setattr(program.commands, "backend", lambda config: backend)
+    monkeypatch.setattr(program.core, "scontrol", lambda *args: calls.append(args) or "")
     monkeypatch.setattr(
-        program, "node_states", lambda: {"gpu-2": {"state": state, "reason": reason, "since": "2020-01-01T00:00:00"}}
+        program.commands,
+        "node_states",
+        lambda: {"gpu-2": {"state": state, "reason": reason, "since": "2020-01-01T00:00:00"}},
     )
     config = {"provider": "aws", "elastic_nodes": ["gpu-2"], "failed_node_cooldown": 15, "log": str(tmp_path / "log")}
-    assert program.reconcile(config) == 0
+    assert program.commands.reconcile(config) == 0
     assert backend.stopped == ["gpu-2"]
     assert calls == [("update", "NodeName=gpu-2", action)]
 
@@ -422,13 +422,13 @@ def test_resume_logs_the_jobs_from_slurms_resume_file(program, tmp_path, monkeyp
         def power(self, action, nodes):
             return dict.fromkeys(nodes, "ok")
 
-    monkeypatch.setattr(program, "backend", lambda config: Started())
-    monkeypatch.setattr(program, "expand", lambda hostlist: ["gpu-2", "gpu-3"])
-    assert program.resume(config, "gpu-[2-3]") == 0
+    monkeypatch.setattr(program.commands, "backend", lambda config: Started())
+    monkeypatch.setattr(program.core, "expand", lambda hostlist: ["gpu-2", "gpu-3"])
+    assert program.commands.resume(config, "gpu-[2-3]") == 0
     assert (tmp_path / "power.log").read_text().split(" ", 1)[1] == (
         "resume gpu-2,gpu-3 for job 41 (partition gpu, nodes to power up: gpu-[2-3]); "
         "job 42 (partition gpu, nodes to power up: gpu-3)\n"
     )
     resume_file.write_text("{not json")
-    assert program.resume(config, "gpu-[2-3]") == 0
+    assert program.commands.resume(config, "gpu-[2-3]") == 0
     assert "SLURM_RESUME_FILE unreadable" in (tmp_path / "power.log").read_text().splitlines()[-1]

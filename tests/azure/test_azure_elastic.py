@@ -15,7 +15,6 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import programs
 import pytest
@@ -24,7 +23,6 @@ from azuretest import NET_GROUP, VNET, arm_twin, example_config, inventory, make
 from clusterbake.providers.azure import power
 
 pytestmark = needs_sdk
-PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_power" / "files" / "clusterbake-power"
 CLUSTER = "azel"
 SIZES = ["Standard_D2s_v5", "Standard_D2as_v5"]
 
@@ -173,8 +171,7 @@ def test_a_grant_of_the_old_layout_at_the_clusters_group_is_removed(elastic):
 
 def _program_backend(elastic, tmp_path, monkeypatch, client_id: str | None = None):
     twin = elastic["twin"]
-    module = programs.load_program("clusterbake_power", PROGRAM)
-    monkeypatch.setattr(module, "STATE", tmp_path / "state.json")
+    module = programs.power_program(monkeypatch, tmp_path / "state.json")
     settings = inventory(twin, elastic["state_dir"], elastic["path"])["all"]["vars"]["slurm_power_azure"]
     context = ssl.create_default_context(cafile=twin.endpoints["ca_file"])
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
@@ -193,7 +190,7 @@ def _program_backend(elastic, tmp_path, monkeypatch, client_id: str | None = Non
             return exc.code, dict(exc.headers), exc.read()
 
     config = {"provider": "azure", "capacity_cooldown": 600, "azure": settings, "log": str(tmp_path / "power.log")}
-    return module, module.AzureBackend(config, http=http, sleep=lambda s: __import__("time").sleep(min(s, 0.2)))
+    return module, module.azure.AzureBackend(config, http=http, sleep=lambda s: __import__("time").sleep(min(s, 0.2)))
 
 
 def _vm(twin, node: str) -> dict | None:
@@ -230,7 +227,7 @@ def test_the_heads_identity_cannot_rewrite_or_delete_the_heads_own_vm(elastic, t
     url = f"{twin.url}{head_vm['id']}?api-version=2024-07-01"
     rootkit = {"properties": {"userData": base64.b64encode(b"#!/bin/sh\necho pwned").decode()}}
     for method, body in (("PATCH", rootkit), ("DELETE", None)):
-        with pytest.raises(module.AzureError) as refused:
+        with pytest.raises(module.azure.AzureError) as refused:
             backend.call(method, url, body)
         assert refused.value.code == "AuthorizationFailed", refused.value
         assert f"over scope '{head_vm['id']}'" in refused.value.message
@@ -285,7 +282,7 @@ def test_another_identity_is_refused_as_arm_refuses_it(elastic, tmp_path, monkey
     nodes = _identity(twin, "nodes")["properties"]["clientId"]
     module, backend = _program_backend(elastic, tmp_path, monkeypatch, client_id=nodes)
     with pytest.raises(
-        module.PowerError,
+        module.core.PowerError,
         match=r"AuthorizationFailed: The client .* does not have authorization to "
         r"perform action 'Microsoft\.Compute/virtualMachines/read'",
     ):

@@ -3,7 +3,7 @@ async operation polls, deletes), with the answers Azure gives that the twin give
 will (each capacity error, throttling, an address a deleted NIC still holds), and Slurm's side of a
 failed resume.
 
-The program (roles/slurm_power/files/clusterbake-power) runs in-process with a scripted HTTP
+The program (package clusterbake_power in roles/slurm_power/files) runs in-process with a scripted HTTP
 function in place of urllib (`http=`): every request it makes is recorded and answered in order.
 Its state file and log are under tmp_path; `scontrol` is replaced by a recorder. The bodies come
 from the provider's own functions (providers/azure/resources.py), as power_vars() records them.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import programs
@@ -22,7 +21,6 @@ import pytest
 from clusterbake.providers.azure import power, resources, tags
 from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data_template
 
-PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_power" / "files" / "clusterbake-power"
 SUB = "00000000-0000-4000-8000-00000000c1b0"
 RG = "pw-rg"
 ARM = "https://management.azure.com"
@@ -122,9 +120,7 @@ def deletes() -> list[tuple]:
 
 @pytest.fixture
 def program(tmp_path, monkeypatch):
-    module = programs.load_program("clusterbake_power", PROGRAM)
-    monkeypatch.setattr(module, "STATE", tmp_path / "state.json")
-    return module
+    return programs.power_program(monkeypatch, tmp_path / "state.json")
 
 
 def _backend(module, tmp_path, arm, **kwargs):
@@ -134,7 +130,7 @@ def _backend(module, tmp_path, arm, **kwargs):
         "azure": settings(**kwargs),
         "log": str(tmp_path / "power.log"),
     }
-    return module.AzureBackend(config, http=arm, sleep=lambda seconds: None)
+    return module.azure.AzureBackend(config, http=arm, sleep=lambda seconds: None)
 
 
 def test_program_names_vms_and_nics_as_the_provider_does(program, tmp_path):
@@ -248,10 +244,10 @@ def test_no_size_with_capacity_gives_every_error_then_azures_words(program, tmp_
                                                      failed("ZonalAllocationFailed", words), *deletes())])  # fmt: skip
     backend = _backend(program, tmp_path, arm)
     calls: list[tuple] = []
-    monkeypatch.setattr(program, "backend", lambda config: backend)
-    monkeypatch.setattr(program, "expand", lambda hostlist: ["cpu-2"])
-    monkeypatch.setattr(program, "scontrol", lambda *args: calls.append(args) or "")
-    assert program.resume(backend.config, "cpu-2") == 1
+    monkeypatch.setattr(program.commands, "backend", lambda config: backend)
+    monkeypatch.setattr(program.core, "expand", lambda hostlist: ["cpu-2"])
+    monkeypatch.setattr(program.core, "scontrol", lambda *args: calls.append(args) or "")
+    assert program.commands.resume(backend.config, "cpu-2") == 1
     [(node, state, reason)] = [c[1:] for c in calls]
     assert (node, state) == ("NodeName=cpu-2", "State=DOWN")
     assert (
@@ -309,5 +305,5 @@ def test_suspend_deletes_the_vms_and_running_lists_every_page(program, tmp_path)
 
 def test_an_arm_error_is_the_nodes_reason_not_a_traceback(program, tmp_path):
     arm = Arm([("GET", LIST_URL, 403, {"error": {"code": "AuthorizationFailed", "message": "no grant"}})])
-    with pytest.raises(program.PowerError, match="ARM: AuthorizationFailed: no grant"):
+    with pytest.raises(program.core.PowerError, match="ARM: AuthorizationFailed: no grant"):
         _backend(program, tmp_path, arm).power("start", ["cpu-2"])

@@ -15,8 +15,6 @@ import pytest
 
 from clusterbake.providers.local import power_agent
 
-PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_power" / "files" / "clusterbake-power"
-
 
 class Nodes:
     """What the agent asks of the provider: the machines and powering them."""
@@ -48,14 +46,14 @@ def agent(tmp_path):
 
 
 @pytest.fixture
-def power(tmp_path):
-    return programs.load_program("clusterbake_power_agent_client", PROGRAM)
+def power(tmp_path, monkeypatch):
+    return programs.power_program(monkeypatch, tmp_path / "state.json")
 
 
 def client(power, tmp_path: Path, url: str, token: str):
     token_file = tmp_path / "power.token"
     token_file.write_text(token + "\n")
-    return power.LocalAgent({"agent": url, "token_file": str(token_file)})
+    return power.local.LocalAgent({"agent": url, "token_file": str(token_file)})
 
 
 def test_the_head_calls_the_agent_on_its_socket_with_its_token(agent, power, tmp_path):
@@ -70,11 +68,11 @@ def test_the_head_calls_the_agent_on_its_socket_with_its_token(agent, power, tmp
 def test_a_caller_without_the_token_is_refused(agent, power, tmp_path):
     socket_path, nodes = agent
     intruder = client(power, tmp_path, f"unix://{socket_path}", "guessed")
-    with pytest.raises(power.PowerError, match="HTTP 401"):
+    with pytest.raises(power.core.PowerError, match="HTTP 401"):
         intruder.power("start", ["cpu-2"])
     assert nodes.asked == []
 
 
 def test_an_agent_on_the_network_is_not_called(power, tmp_path):
-    with pytest.raises(power.PowerError, match="expected unix://"):
+    with pytest.raises(power.core.PowerError, match="expected unix://"):
         client(power, tmp_path, "http://10.77.0.1:6820", Nodes.token)

@@ -1,4 +1,4 @@
-"""The head's reconcile loop (roles/slurm_power/files/clusterbake-power) with lost static nodes:
+"""The head's reconcile loop (roles/slurm_power/files/clusterbake_power/commands.py) with lost static nodes:
 DOWN at once so Slurm requeues their jobs, started again, retried after the cool-down, and
 nodes a person took out left alone. Slurm's answers are recorded sinfo lines; the power backend
 is a recorder of the calls the program makes to the provider (local agent or EC2), whose own
@@ -8,11 +8,10 @@ tests are tests/aws/test_power_backend.py and tests/integration/test_faults.py.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import programs
 import pytest
-
-PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_power" / "files" / "clusterbake-power"
 
 
 class Recorder:
@@ -31,19 +30,18 @@ class Recorder:
 
 @pytest.fixture
 def program(tmp_path, monkeypatch):
-    module = programs.load_program("clusterbake_power_reconcile", PROGRAM)
-    monkeypatch.setattr(module, "STATE", tmp_path / "state.json")
+    module = programs.power_program(monkeypatch, tmp_path / "state.json")
     updates: list[tuple[str, ...]] = []
-    monkeypatch.setattr(module, "scontrol", lambda *args: updates.append(args) or "")
-    module.updates = updates
-    module.config = {
+    monkeypatch.setattr(module.core, "scontrol", lambda *args: updates.append(args) or "")
+    config = {
         "static_nodes": ["cpu-1", "cpu-2", "cpu-3"],
         "elastic_nodes": [],
         "replace_lost_nodes": True,
         "failed_node_cooldown": 300,
         "log": str(tmp_path / "power.log"),
     }
-    return module
+    # What the tests use: the function, the scontrol calls it made, the config it is given.
+    return SimpleNamespace(replace_lost_nodes=module.commands.replace_lost_nodes, updates=updates, config=config)
 
 
 def states(**by_node: tuple[str, str]) -> dict[str, dict]:

@@ -1,0 +1,195 @@
+"""The aws backend: elastic nodes as EC2 instances, launched and terminated with the head's
+instance role (providers/aws/iam.py, `clusterbake-<cluster>-head`). A node is one RunInstances
+from its group's launch template at its planned address; powering down terminates it."""
+
+from __future__ import annotations
+
+import time
+
+from .cloud import ATTEMPTS, CloudBackend
+from .core import PowerError, log
+
+# RunInstances errors that say "not now, not this type": the next type is tried.
+CAPACITY_ERRORS = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "SpotMaxPriceTooLow",
+        "MaxSpotInstanceCountExceeded",
+        "InstanceLimitExceeded",
+    }
+)
+THROTTLING = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException"})
+ADDRESS_IN_USE = "InvalidIPAddress.InUse"
+LIVE = ("pending", "running", "stopping", "stopped")
+FILTER_VALUES = 200  # values of one DescribeInstances filter
+TERMINATE_AT_ONCE = 500  # instance ids of one TerminateInstances
+
+
+def error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    return response.get("Error", {}).get("Code", "") if isinstance(response, dict) else ""
+
+
+def error_text(exc: BaseException) -> str:
+    code = error_code(exc)
+    if not code:
+        return f"{type(exc).__name__}: {exc}"
+    return f"{code}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")
+
+
+def is_aws_error(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] in ("botocore", "boto3")
+
+
+class AwsBackend(CloudBackend):
+    """Elastic nodes as EC2 instances, launched and terminated with the head's instance role."""
+
+    api = "EC2"
+    listing_api = "EC2 DescribeInstances"
+
+    def __init__(self, config: dict, client=None, sleep=time.sleep, clock=time.time):
+        super().__init__(config, sleep, clock)
+        self.aws = config["aws"]
+        self.cluster = self.aws["cluster"]
+        self.groups = self.aws["groups"]
+        self.types_key = "instance_types"
+        self._client = client
+
+    @property
+    def client(self):
+        if self._client is None:
+            try:
+                import boto3  # only here: the local backend needs no boto3
+                from botocore.config import Config
+            except ImportError as exc:
+                raise PowerError(f"the aws power backend needs boto3 (python3-boto3): {exc}") from None
+            # botocore's retries off: a capacity error must reach the fallover at once (and EC2
+            # sends InsufficientInstanceCapacity as HTTP 500, which botocore would retry).
+            self._client = boto3.session.Session().client(
+                "ec2",
+                region_name=self.aws["region"],
+                endpoint_url=self.aws.get("endpoint_url") or None,
+                config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
+            )
+        return self._client
+
+    def _call(self, operation: str, **params):
+        """One EC2 call, retried on throttling with growing waits."""
+        for attempt in range(ATTEMPTS):
+            try:
+                return getattr(self.client, operation)(**params)
+            except Exception as exc:
+                if error_code(exc) not in THROTTLING or attempt == ATTEMPTS - 1:
+                    raise
+                self.sleep(min(20.0, 0.5 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    def cloud_error(self, exc: Exception) -> str | None:
+        return error_text(exc) if is_aws_error(exc) else None
+
+    # --- what is there -------------------------------------------------------------
+
+    def instances(self, names: list[str] | None = None, states=LIVE) -> list[dict]:
+        """The cluster's instances in `states` (those named `names`), every page."""
+        base = [
+            {"Name": "tag:clusterbake:cluster", "Values": [self.cluster]},
+            {"Name": "instance-state-name", "Values": list(states)},
+        ]
+        if names is None:
+            queries = [base]
+        else:
+            wanted = sorted(set(names))
+            queries = [
+                [*base, {"Name": "tag:clusterbake:name", "Values": wanted[start : start + FILTER_VALUES]}]
+                for start in range(0, len(wanted), FILTER_VALUES)
+            ]
+        found = []
+        for filters in queries:
+            token = None
+            while True:
+                page = self._call("describe_instances", Filters=filters, **({"NextToken": token} if token else {}))
+                found += [i for r in page.get("Reservations", []) for i in r.get("Instances", [])]
+                token = page.get("NextToken")
+                if not token:
+                    break
+        return found
+
+    @staticmethod
+    def name_of(instance: dict) -> str | None:
+        return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == "clusterbake:name"), None)
+
+    def running_nodes(self) -> set[str]:
+        return {n for i in self.instances(states=("pending", "running")) if (n := self.name_of(i))}
+
+    # --- power ---------------------------------------------------------------------
+
+    def existing(self, nodes: list[str]) -> dict[str, list[dict]]:
+        found: dict[str, list[dict]] = {}
+        for instance in self.instances(nodes):
+            found.setdefault(self.name_of(instance), []).append(instance)
+        return found
+
+    def alive(self, node: str, existing: dict[str, list[dict]]) -> str | None:
+        alive = [i for i in existing.get(node, []) if i["State"]["Name"] in ("pending", "running")]
+        return f"{alive[0]['InstanceId']} runs already" if alive else None
+
+    def clear(self, node: str, existing: dict[str, list[dict]]) -> None:
+        """Stopped instances hold the node's address: they go."""
+        ids = [i["InstanceId"] for i in existing.get(node, [])]
+        if ids:
+            self._call("terminate_instances", InstanceIds=ids)
+            log(self.config, f"resume {node}: terminated its stopped instance(s) {', '.join(ids)}")
+
+    def create(self, node: str, group: dict, instance_type: str, run_id: str) -> str:
+        return self.run(node, group, instance_type, run_id)["InstanceId"]
+
+    def failure(self, node: str, exc: Exception) -> tuple[str, str] | str:
+        code = error_code(exc)
+        if code not in CAPACITY_ERRORS:
+            return error_text(exc)
+        return code, exc.response.get("Error", {}).get("Message", "")
+
+    def run(self, node: str, group: dict, instance_type: str, run_id: str) -> dict:
+        interfaces = [dict(i) for i in group["network_interfaces"][instance_type]]
+        interfaces[0]["PrivateIpAddress"] = group["addresses"][node]
+        node_tags = {**group["tags"], "clusterbake:name": node, "Name": f"{self.cluster}-{node}"}
+        template = group["launch_template"]
+        params = {
+            "LaunchTemplate": {"LaunchTemplateId": template["id"], "Version": str(template["version"])},
+            "InstanceType": instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "NetworkInterfaces": interfaces,
+            "UserData": group["user_data"].replace(self.aws["name_placeholder"], node),
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in node_tags.items()]}
+            ],
+            # The same token on a retried call: EC2 launches the node once.
+            "ClientToken": f"cbp-{run_id}-{node}-{instance_type}"[:64],
+        }
+        return self.at_address(
+            node,
+            group["addresses"][node],
+            lambda: self._call("run_instances", **params)["Instances"][0],
+            lambda exc: error_code(exc) == ADDRESS_IN_USE,
+        )
+
+    def stop(self, nodes: list[str]) -> dict[str, str]:
+        """Terminate the nodes' instances (those without one are already off)."""
+        ids = {i["InstanceId"]: self.name_of(i) for i in self.instances(nodes)}
+        results = {node: "ok" for node in nodes}
+        chunk = sorted(ids)
+        for start in range(0, len(chunk), TERMINATE_AT_ONCE):
+            part = chunk[start : start + TERMINATE_AT_ONCE]
+            try:
+                self._call("terminate_instances", InstanceIds=part)
+            except Exception as exc:
+                if not error_code(exc):
+                    raise
+                for instance_id in part:
+                    results[ids[instance_id]] = error_text(exc)
+        for instance_id, node in sorted(ids.items(), key=lambda item: str(item[1])):
+            if results.get(node) == "ok":
+                log(self.config, f"terminate {node}: {instance_id}")
+        return results
