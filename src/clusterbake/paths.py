@@ -1,4 +1,4 @@
-"""Where the repository's playbooks, roles and templates are."""
+"""Where the repository's playbooks, roles and templates are; named paths below a directory."""
 
 from __future__ import annotations
 
@@ -26,3 +26,13 @@ def git_revision() -> str:
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "nogit"
     return rev or "nogit"
+
+
+def below(*parts: str, base: str = "root") -> property:
+    """A read-only property: the path `parts` below the instance's directory attribute `base`
+    (StateDir, ClusterDir, MachinePaths declare their files this way)."""
+
+    def path(self) -> Path:
+        return getattr(self, base).joinpath(*parts)
+
+    return property(path, doc="/".join(parts))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterbake.config import ClusterConfig
+from clusterbake.paths import below
 
 
 @dataclass(frozen=True)
@@ -20,13 +21,8 @@ class StateDir:
     def for_config(cls, config: ClusterConfig) -> StateDir:
         return cls(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", config.local.state_dir)))
 
-    @property
-    def images(self) -> Path:
-        return self.root / "images"
-
-    @property
-    def cache(self) -> Path:
-        return self.root / "cache"
+    images = below("images")
+    cache = below("cache")
 
     def cluster(self, name: str) -> ClusterDir:
         return ClusterDir(self.root / "clusters" / name)
@@ -36,39 +32,16 @@ class StateDir:
 class ClusterDir:
     root: Path
 
-    @property
-    def state_file(self) -> Path:
-        return self.root / "state.json"
-
-    @property
-    def ssh_key(self) -> Path:
-        return self.root / "ssh" / "id_ed25519"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.root / "ssh" / "known_hosts"
-
-    @property
-    def munge_key(self) -> Path:
-        return self.root / "secrets" / "munge.key"
-
-    @property
-    def db_password(self) -> Path:
-        """The accounting database's password (MariaDB on the head): only the head's join bundle carries it."""
-        return self.root / "secrets" / "slurmdbd.password"
-
-    @property
-    def join_bundles(self) -> Path:
-        """Each node group's join bundle (holds the munge key: 0700 dir, 0600 files)."""
-        return self.root / "secrets" / "join"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
+    state_file = below("state.json")
+    ssh_key = below("ssh", "id_ed25519")
+    known_hosts = below("ssh", "known_hosts")
+    munge_key = below("secrets", "munge.key")
+    # The accounting database's password (MariaDB on the head): only the head's join bundle carries it.
+    db_password = below("secrets", "slurmdbd.password")
+    # Each node group's join bundle (holds the munge key: 0700 dir, 0600 files).
+    join_bundles = below("secrets", "join")
+    logs = below("logs")
+    home = below("home")
 
     def storage(self, name: str) -> Path:
         return self.root / "storage" / name

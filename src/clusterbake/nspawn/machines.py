@@ -20,6 +20,7 @@ from pathlib import Path
 
 from clusterbake.errors import ClusterbakeError
 from clusterbake.nspawn import rootfs
+from clusterbake.paths import below
 
 NSPAWN = "systemd-nspawn"
 
@@ -28,21 +29,10 @@ NSPAWN = "systemd-nspawn"
 class MachinePaths:
     base: Path  # nodes/<name>
 
-    @property
-    def upper(self) -> Path:
-        return self.base / "upper"
-
-    @property
-    def work(self) -> Path:
-        return self.base / "work"
-
-    @property
-    def root(self) -> Path:
-        return self.base / "root"
-
-    @property
-    def console_log(self) -> Path:
-        return self.base / "console.log"
+    upper = below("upper", base="base")
+    work = below("work", base="base")
+    root = below("root", base="base")
+    console_log = below("console.log", base="base")
 
 
 def mounted_at(path: Path) -> bool:

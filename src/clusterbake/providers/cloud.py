@@ -75,7 +75,11 @@ Publish = Callable[[str, str], tuple[list[str], bool]]
 
 
 class CloudProvider(Provider):
-    # `cluster up` and `node start` say these when a node has no machine.
+    # Tags, not the local state file, say what exists: a failed first `cluster up` rolls back
+    # its own machines (a group's launches) and keeps the rest (security group, placement
+    # groups, templates) for the next try; `cluster down` removes it.
+    destroy_after_failed_first_provision = False
+    # `cluster up` and `node start` say these when a node has no machine (EC2's words by default).
     machine_noun = "instance"
     create_verb = "launches"
     # What to look at when the head does not answer SSH.

@@ -45,15 +45,12 @@ def is_aws_error(exc: BaseException) -> bool:
 class AwsBackend(CloudBackend):
     """Elastic nodes as EC2 instances, launched and terminated with the head's instance role."""
 
-    api = "EC2"
-    listing_api = "EC2 DescribeInstances"
+    section, types_key = "aws", "instance_types"
+    api, listing_api = "EC2", "EC2 DescribeInstances"
 
     def __init__(self, config: dict, client=None, sleep=time.sleep, clock=time.time):
         super().__init__(config, sleep, clock)
-        self.aws = config["aws"]
-        self.cluster = self.aws["cluster"]
-        self.groups = self.aws["groups"]
-        self.types_key = "instance_types"
+        self.aws = self.settings
         self._client = client
 
     @property

@@ -72,14 +72,12 @@ class AzureBackend(CloudBackend):
     """Elastic nodes as VMs (a NIC at the node's planned address, then the VM), created and deleted with
     the head's user-assigned managed identity through ARM's REST API (standard library only)."""
 
+    section, types_key = "azure", "sizes"
     api = listing_api = "ARM"
 
     def __init__(self, config: dict, http=None, sleep=time.sleep, clock=time.time):
         super().__init__(config, sleep, clock)
-        self.azure = config["azure"]
-        self.cluster = self.azure["cluster"]
-        self.groups = self.azure["groups"]
-        self.types_key = "sizes"
+        self.azure = self.settings
         self.http = http or urllib_http
         self._token: tuple[str, float] | None = None
         group = f"/subscriptions/{self.azure['subscription_id']}/resourceGroups/{self.azure['resource_group']}"

@@ -20,21 +20,23 @@ ATTEMPTS = 6
 
 
 class CloudBackend:
-    """A backend says: its node groups (`groups`, each with `addresses` and its types under
-    `types_key`), what the cloud has of some nodes (`existing`), whether a node's machine runs
+    """A backend says: where its settings are (`section`: node groups, each with `addresses` and its
+    types under `types_key`), what the cloud has of some nodes (`existing`), whether a node's machine runs
     already (`alive`), how to clear one that holds its address (`clear`), how to create one
     (`create`: its label), what a failed create means (`failure`: (code, message) of a capacity
     error, else the error text), which nodes run (`running_nodes`), how to stop nodes (`stop`),
     and the words of an error of its API (`cloud_error`: None for any other error)."""
 
-    groups: dict[str, dict]
-    types_key: str
-    cluster: str
+    section: str  # power.json's key of the backend's settings, with `cluster` and `groups`
+    types_key: str  # a group's key of its types
     api: str  # the cloud's API, as errors name it
     listing_api: str  # the call `running` makes, as errors name it
 
     def __init__(self, config: dict, sleep=time.sleep, clock=time.time):
         self.config = config
+        self.settings = config[self.section]
+        self.cluster: str = self.settings["cluster"]
+        self.groups: dict[str, dict] = self.settings["groups"]
         self.cooldown = float(config.get("capacity_cooldown", 600))
         self.sleep = sleep
         self.clock = clock

@@ -10,7 +10,6 @@ exponential backoff (with jitter) and lets every other error through at once
 from __future__ import annotations
 
 import contextlib
-import functools
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +41,16 @@ def ec2_client(region: str):
 
 def error_code(exc: BaseException) -> str:
     return exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
+
+
+def or_if_gone(code: str, gone: Any, work: Callable[[], Any]) -> Any:
+    """What work() returns, or `gone` when AWS answers with error `code` (its "not found": it is not there)."""
+    try:
+        return work()
+    except ClientError as exc:
+        if error_code(exc) != code:
+            raise
+        return gone
 
 
 def backoff_delays(attempts: int = ATTEMPTS, base: float = BASE_DELAY, cap: float = MAX_DELAY) -> list[float]:
@@ -115,11 +124,5 @@ def aws_error_translation() -> Iterator[None]:
 
 
 def aws_errors(method: Callable) -> Callable:
-    """aws_error_translation around a function."""
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with aws_error_translation():
-            return method(*args, **kwargs)
-
-    return wrapper
+    """aws_error_translation around a function (a contextmanager is a ContextDecorator too)."""
+    return aws_error_translation()(method)

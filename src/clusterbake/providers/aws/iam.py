@@ -65,6 +65,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -250,24 +251,28 @@ def _kms_statement(kms_key_arn: str, region: str) -> dict:
     }
 
 
-def head_policy(
-    cluster: str,
-    region: str,
-    account: str,
-    *,
-    subnet_id: str,
-    security_group_id: str,
-    image_id: str,
-    launch_template_ids: list[str] | tuple[str, ...],
-    instance_types: list[str] | tuple[str, ...],
-    key_name: str | None = None,
-) -> dict:
+@dataclass(frozen=True)
+class HeadLaunches:
+    """What the head's power program launches compute nodes with: all its role allows."""
+
+    subnet_id: str
+    security_group_id: str
+    image_id: str
+    launch_template_ids: list[str] | tuple[str, ...]
+    instance_types: list[str] | tuple[str, ...]
+    key_name: str | None = None
+
+
+def head_policy(cluster: str, region: str, account: str, launches: HeadLaunches) -> dict:
     """The inline policy document of the head role (see the module docstring)."""
     p = partition(region)
     ec2 = f"arn:{p}:ec2:{region}:{account}"
-    if not launch_template_ids or not instance_types:
+    if not launches.launch_template_ids or not launches.instance_types:
         raise ClusterbakeError("the head role needs the compute groups' launch templates and instance types")
-    templates = [f"{ec2}:launch-template/{t}" for t in sorted(set(launch_template_ids))]
+    templates = [f"{ec2}:launch-template/{t}" for t in sorted(set(launches.launch_template_ids))]
+    instance_types = launches.instance_types
+    subnet_id, security_group_id = launches.subnet_id, launches.security_group_id
+    image_id, key_name = launches.image_id, launches.key_name
     from_templates = {"ArnEquals": {"ec2:LaunchTemplate": templates}}
     created = [f"{ec2}:volume/*", f"{ec2}:network-interface/*"]
     statements: list[dict] = [
@@ -397,33 +402,10 @@ def ensure_jobs_role(iam, sts, cluster: str, region: str, bucket: str, prefix: s
     return role_arn(name, region, account), created
 
 
-def ensure_head_role(
-    iam,
-    sts,
-    cluster: str,
-    region: str,
-    *,
-    subnet_id: str,
-    security_group_id: str,
-    image_id: str,
-    launch_template_ids: list[str] | tuple[str, ...],
-    instance_types: list[str] | tuple[str, ...],
-    key_name: str | None = None,
-) -> tuple[str, str, bool]:
+def ensure_head_role(iam, sts, cluster: str, region: str, launches: HeadLaunches) -> tuple[str, str, bool]:
     """(instance profile name, its ARN, created): the head role and profile (`head_policy`), made to
     match; as ensure_node_role."""
-    account = call(sts.get_caller_identity)["Account"]
-    document = head_policy(
-        cluster,
-        region,
-        account,
-        subnet_id=subnet_id,
-        security_group_id=security_group_id,
-        image_id=image_id,
-        launch_template_ids=launch_template_ids,
-        instance_types=instance_types,
-        key_name=key_name,
-    )
+    document = head_policy(cluster, region, call(sts.get_caller_identity)["Account"], launches)
     return _ensure_role(
         iam, head_role_name(cluster), HEAD_POLICY_NAME, document, cluster, "the head powers elastic nodes up and down"
     )

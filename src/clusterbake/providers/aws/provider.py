@@ -32,12 +32,7 @@ LIST_LIMIT = 20
 
 
 class AwsProvider(CloudProvider):
-    # Tags, not the local state file, say what exists: a failed first `cluster up`
-    # rolls back its own launches (launch.py) and keeps the security group, placement
-    # groups and launch templates for the next try; `cluster down` removes them.
-    destroy_after_failed_first_provision = False
-    machine_noun = "instance"
-    create_verb = "launches"
+    # A failed group's launches are rolled back by launch.py.
     ready_hint = "check aws.ssh_cidrs / aws.bastion and the instances' system logs (EC2 console output)"
     sdk_errors = staticmethod(aws_error_translation)
     subnet_field = "aws.subnet_id"
@@ -194,12 +189,14 @@ class AwsProvider(CloudProvider):
             self.api("sts"),
             cluster,
             self.aws.region,
-            subnet_id=self.aws.subnet_id,
-            security_group_id=group_id,
-            image_id=ami_id,
-            launch_template_ids=[templates[g.name][0] for g in self.config.node_groups],
-            instance_types=[t for g in self.config.node_groups for t in g.types],
-            key_name=self.aws.key_name,
+            iam.HeadLaunches(
+                subnet_id=self.aws.subnet_id,
+                security_group_id=group_id,
+                image_id=ami_id,
+                launch_template_ids=[templates[g.name][0] for g in self.config.node_groups],
+                instance_types=[t for g in self.config.node_groups for t in g.types],
+                key_name=self.aws.key_name,
+            ),
         )
         say(f"    instance profile {head_profile}{' created' if head_created else ''}")
 

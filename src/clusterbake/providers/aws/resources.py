@@ -21,7 +21,7 @@ import json
 
 from clusterbake.errors import ClusterbakeError
 from clusterbake.providers.aws import tags
-from clusterbake.providers.aws.api import THROTTLING, call, error_code, paginate
+from clusterbake.providers.aws.api import THROTTLING, call, or_if_gone, paginate
 from clusterbake.providers.aws.catalogue import InstanceTypeInfo
 from clusterbake.providers.common import resource_name
 
@@ -277,8 +277,5 @@ def find_launch_templates(client, cluster: str) -> list[dict]:
 
 
 def delete_launch_template(client, template_id: str) -> None:
-    try:
-        call(client.delete_launch_template, LaunchTemplateId=template_id)
-    except Exception as exc:
-        if error_code(exc) != "InvalidLaunchTemplateId.NotFound":
-            raise
+    gone = "InvalidLaunchTemplateId.NotFound"
+    or_if_gone(gone, None, lambda: call(client.delete_launch_template, LaunchTemplateId=template_id))

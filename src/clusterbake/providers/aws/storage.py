@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -39,7 +40,7 @@ from botocore.exceptions import ClientError
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.progress import say
 from clusterbake.providers.aws import tags
-from clusterbake.providers.aws.api import call, error_code, paginate
+from clusterbake.providers.aws.api import call, error_code, or_if_gone, paginate
 from clusterbake.providers.aws.iam import dns_suffix
 
 STORAGE = "clusterbake:storage"
@@ -93,29 +94,42 @@ def efs_dns_name(file_system_id: str, region: str) -> str:
     return f"{file_system_id}.efs.{region}.{dns_suffix(region)}"
 
 
+@dataclass(frozen=True)
+class Until:
+    """What `_poll` waits for: the states that end the wait ("gone": the resource is not there), those
+    that fail it, and the seconds between two looks."""
+
+    done: frozenset[str]
+    failed: frozenset[str]
+    poll: float
+
+
+EFS_AVAILABLE = Until(frozenset({"available"}), frozenset({"error", "deleting", "deleted"}), EFS_POLL)
+EFS_GONE = Until(frozenset({"gone"}), frozenset(), EFS_POLL)
+EFS_DELETED = Until(frozenset({"gone", "deleted"}), frozenset({"error"}), EFS_POLL)
+FSX_AVAILABLE = Until(
+    frozenset({"AVAILABLE"}), frozenset({"FAILED", "MISCONFIGURED", "DELETING", "MISCONFIGURED_UNAVAILABLE"}), FSX_POLL
+)
+FSX_DELETED = Until(frozenset({"gone", "deleted"}), frozenset({"FAILED"}), FSX_POLL)
+DRA_AVAILABLE = Until(frozenset({"AVAILABLE"}), frozenset({"FAILED", "MISCONFIGURED", "DELETING"}), FSX_POLL)
+
+
 def _poll(
-    what: str,
-    state: Callable[[], tuple[str | None, str]],
-    done: set[str],
-    failed: set[str],
-    *,
-    sleep: Sleep,
-    timeout: float,
-    poll: float,
+    what: str, state: Callable[[], tuple[str | None, str]], until: Until, *, sleep: Sleep, timeout: float
 ) -> None:
-    """Call `state()` -> (state, message) until a state of `done`; raise on `failed` or timeout.
-    A state of None means gone: done when "gone" is in `done`, failed otherwise."""
+    """Call `state()` -> (state, message) until a state of `until.done`; raise on `until.failed` or
+    timeout. A state of None means gone: done when "gone" is in `done`, failed otherwise."""
     deadline = time.monotonic() + timeout
     while True:
         current, message = state()
         key = current or "gone"
-        if key in done:
+        if key in until.done:
             return
-        if key in failed or (current is None and "gone" not in done):
+        if key in until.failed or (current is None and "gone" not in until.done):
             raise ClusterbakeError(f"{what}: {key}" + (f": {message}" if message else ""))
         if time.monotonic() > deadline:
             raise ClusterbakeError(f"{what}: still {key} after {timeout:.0f}s")
-        sleep(poll)
+        sleep(until.poll)
 
 
 # --- EFS ---------------------------------------------------------------------------
@@ -126,38 +140,23 @@ def _efs_file_systems(efs, **params: Any) -> list[dict]:
 
 
 def _efs_get(efs, file_system_id: str) -> dict | None:
-    try:
-        found = _efs_file_systems(efs, FileSystemId=file_system_id)
-    except ClientError as exc:
-        if error_code(exc) == "FileSystemNotFound":
-            return None
-        raise
+    found = or_if_gone("FileSystemNotFound", [], lambda: _efs_file_systems(efs, FileSystemId=file_system_id))
     return found[0] if found else None
 
 
 def _efs_mount_targets(efs, file_system_id: str) -> list[dict]:
-    try:
-        return paginate(
-            efs,
-            "describe_mount_targets",
-            "MountTargets",
-            token_in="Marker",
-            token_out="NextMarker",
-            FileSystemId=file_system_id,
-        )
-    except ClientError as exc:
-        if error_code(exc) == "FileSystemNotFound":
-            return []
-        raise
+    def targets() -> list[dict]:
+        markers = {"token_in": "Marker", "token_out": "NextMarker"}
+        return paginate(efs, "describe_mount_targets", "MountTargets", **markers, FileSystemId=file_system_id)
+
+    return or_if_gone("FileSystemNotFound", [], targets)
 
 
 def _efs_mount_target_state(efs, mount_target_id: str) -> tuple[str | None, str]:
-    try:
-        found = call(efs.describe_mount_targets, MountTargetId=mount_target_id)["MountTargets"]
-    except ClientError as exc:
-        if error_code(exc) == "MountTargetNotFound":
-            return None, ""
-        raise
+    def targets() -> list[dict]:
+        return call(efs.describe_mount_targets, MountTargetId=mount_target_id)["MountTargets"]
+
+    found = or_if_gone("MountTargetNotFound", [], targets)
     return (found[0]["LifeCycleState"], "") if found else (None, "")
 
 
@@ -179,13 +178,7 @@ def _efs_start(efs, cluster: str, index: int, entry, *, sleep: Sleep, timeout: f
         fs_id = found[0]["FileSystemId"]
         say(f"    {label}: waiting for EFS {fs_id} of the last cluster down to be deleted")
         _poll(
-            f"{label}: EFS file system {fs_id}",
-            lambda: _efs_state(efs, fs_id),
-            {"gone"},
-            set(),
-            sleep=sleep,
-            timeout=timeout,
-            poll=EFS_POLL,
+            f"{label}: EFS file system {fs_id}", lambda: _efs_state(efs, fs_id), EFS_GONE, sleep=sleep, timeout=timeout
         )
         found = []
     if found:
@@ -258,15 +251,8 @@ def _efs_mount_target(
                 "all in one VPC; a mount target being deleted: try again in a minute)"
             ) from exc
     mt_id = target["MountTargetId"]
-    _poll(
-        f"{label}: EFS mount target {mt_id} of {file_system_id}",
-        lambda: _efs_mount_target_state(efs, mt_id),
-        {"available"},
-        {"error", "deleting", "deleted"},
-        sleep=sleep,
-        timeout=timeout,
-        poll=EFS_POLL,
-    )
+    what = f"{label}: EFS mount target {mt_id} of {file_system_id}"
+    _poll(what, lambda: _efs_mount_target_state(efs, mt_id), EFS_AVAILABLE, sleep=sleep, timeout=timeout)
     [target] = call(efs.describe_mount_targets, MountTargetId=mt_id)["MountTargets"]
     return target
 
@@ -288,12 +274,7 @@ def _fsx_file_systems(fsx, **params: Any) -> list[dict]:
 
 
 def _fsx_get(fsx, file_system_id: str) -> dict | None:
-    try:
-        found = _fsx_file_systems(fsx, FileSystemIds=[file_system_id])
-    except ClientError as exc:
-        if error_code(exc) == "FileSystemNotFound":
-            return None
-        raise
+    found = or_if_gone("FileSystemNotFound", [], lambda: _fsx_file_systems(fsx, FileSystemIds=[file_system_id]))
     return found[0] if found else None
 
 
@@ -367,15 +348,8 @@ def _fsx_start(
 
 
 def _fsx_wait(fsx, index: int, entry, file_system_id: str, *, sleep: Sleep, timeout: float) -> dict:
-    _poll(
-        f"{_label(index, entry)}: FSx for Lustre file system {file_system_id}",
-        lambda: _fsx_state(fsx, file_system_id),
-        {"AVAILABLE"},
-        {"FAILED", "MISCONFIGURED", "DELETING", "MISCONFIGURED_UNAVAILABLE"},
-        sleep=sleep,
-        timeout=timeout,
-        poll=FSX_POLL,
-    )
+    what = f"{_label(index, entry)}: FSx for Lustre file system {file_system_id}"
+    _poll(what, lambda: _fsx_state(fsx, file_system_id), FSX_AVAILABLE, sleep=sleep, timeout=timeout)
     fs = _fsx_get(fsx, file_system_id)
     if fs is None:
         raise ClusterbakeError(f"{_label(index, entry)}: FSx for Lustre file system {file_system_id} disappeared")
@@ -396,12 +370,11 @@ def dra_params(cluster: str, entry, file_system_id: str) -> dict:
 
 
 def _dra_state(fsx, association_id: str) -> tuple[str | None, str]:
-    try:
-        found = call(fsx.describe_data_repository_associations, AssociationIds=[association_id])["Associations"]
-    except ClientError as exc:
-        if error_code(exc) == "DataRepositoryAssociationNotFound":
-            return None, ""
-        raise
+    found = or_if_gone(
+        "DataRepositoryAssociationNotFound",
+        [],
+        lambda: call(fsx.describe_data_repository_associations, AssociationIds=[association_id])["Associations"],
+    )
     if not found:
         return None, ""
     return found[0].get("Lifecycle"), found[0].get("FailureDetails", {}).get("Message", "")
@@ -428,15 +401,8 @@ def _fsx_link(fsx, cluster: str, index: int, entry, file_system_id: str, *, slee
         association = call(fsx.create_data_repository_association, **dra_params(cluster, entry, file_system_id))
         association_id = association["Association"]["AssociationId"]
         say(f"    {label}: linking FSx {file_system_id} to {entry.s3_path} ({association_id})")
-    _poll(
-        f"{label}: data repository association {association_id} of {file_system_id} ({entry.s3_path})",
-        lambda: _dra_state(fsx, association_id),
-        {"AVAILABLE"},
-        {"FAILED", "MISCONFIGURED", "DELETING"},
-        sleep=sleep,
-        timeout=timeout,
-        poll=FSX_POLL,
-    )
+    what = f"{label}: data repository association {association_id} of {file_system_id} ({entry.s3_path})"
+    _poll(what, lambda: _dra_state(fsx, association_id), DRA_AVAILABLE, sleep=sleep, timeout=timeout)
 
 
 def _fsx_endpoint(fs: dict) -> dict:
@@ -490,15 +456,8 @@ def ensure_file_systems(
     endpoints: dict[str, dict] = {}
     for index, entry, fs_id, ours in started:
         if entry.type == "efs":
-            _poll(
-                f"{_label(index, entry)}: EFS file system {fs_id}",
-                lambda fs_id=fs_id: _efs_state(efs, fs_id),
-                {"available"},
-                {"error", "deleting", "deleted"},
-                sleep=sleep,
-                timeout=efs_timeout,
-                poll=EFS_POLL,
-            )
+            what = f"{_label(index, entry)}: EFS file system {fs_id}"
+            _poll(what, lambda fs_id=fs_id: _efs_state(efs, fs_id), EFS_AVAILABLE, sleep=sleep, timeout=efs_timeout)
             target = _efs_mount_target(
                 efs, index, entry, fs_id, subnet_id, security_group_id, sleep=sleep, timeout=efs_timeout
             )
@@ -637,16 +596,10 @@ def delete_file_systems(
                     raise
         fsx_gone.append((fs["FileSystemId"], name))
 
-    def wait_gone(what: str, state, failed: set[str], timeout: float, poll: float) -> None:
-        _poll(what, state, {"gone", "deleted"}, failed, sleep=sleep, timeout=timeout, poll=poll)
-
     for mt_id, fs_id in mount_targets_gone:
-        wait_gone(
-            f"EFS mount target {mt_id} of {fs_id}",
-            lambda mt_id=mt_id: _efs_mount_target_state(efs, mt_id),
-            {"error"},
-            efs_timeout,
-            EFS_POLL,
+        what = f"EFS mount target {mt_id} of {fs_id}"
+        _poll(
+            what, lambda mt_id=mt_id: _efs_mount_target_state(efs, mt_id), EFS_DELETED, sleep=sleep, timeout=efs_timeout
         )
     for fs_id, _ in efs_gone:
         try:
@@ -655,28 +608,18 @@ def delete_file_systems(
             if error_code(exc) != "FileSystemNotFound":
                 raise
     for fs_id, name in efs_gone:
-        wait_gone(
-            f"EFS file system {fs_id}", lambda fs_id=fs_id: _efs_state(efs, fs_id), {"error"}, efs_timeout, EFS_POLL
-        )
+        what = f"EFS file system {fs_id}"
+        _poll(what, lambda fs_id=fs_id: _efs_state(efs, fs_id), EFS_DELETED, sleep=sleep, timeout=efs_timeout)
         report.append(f"deleted efs {fs_id} (storage {name})")
     for fs_id, name in fsx_gone:
-        wait_gone(
-            f"FSx for Lustre file system {fs_id}",
-            lambda fs_id=fs_id: _fsx_state(fsx, fs_id),
-            {"FAILED"},
-            fsx_timeout,
-            FSX_POLL,
-        )
+        what = f"FSx for Lustre file system {fs_id}"
+        _poll(what, lambda fs_id=fs_id: _fsx_state(fsx, fs_id), FSX_DELETED, sleep=sleep, timeout=fsx_timeout)
         report.append(f"deleted fsx_lustre {fs_id} (storage {name})")
     return report
 
 
 def _delete_mount_target(efs, mount_target_id: str) -> None:
-    try:
-        call(efs.delete_mount_target, MountTargetId=mount_target_id)
-    except ClientError as exc:
-        if error_code(exc) != "MountTargetNotFound":
-            raise
+    or_if_gone("MountTargetNotFound", None, lambda: call(efs.delete_mount_target, MountTargetId=mount_target_id))
 
 
 # --- validate ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import importlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -49,59 +50,40 @@ def _options() -> dict:
     return {"base_url": arm_endpoint(), "user_agent": "clusterbake"}
 
 
+class _ManagementClient:
+    """An attribute of Clients: the SDK's management client class `name` of module `module` for the
+    subscription, imported and made when first used, then kept on the instance."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        self.attribute = attribute
+
+    def __get__(self, clients: Clients | None, owner: type | None = None) -> Any:
+        if clients is None:
+            return self
+        made = getattr(importlib.import_module(self.module), self.name)(
+            credential(), clients.subscription_id, **_options()
+        )
+        clients.__dict__[self.attribute] = made
+        return made
+
+
 class Clients:
     """The management clients of one subscription, made when first used."""
 
+    compute = _ManagementClient("azure.mgmt.compute", "ComputeManagementClient")
+    network = _ManagementClient("azure.mgmt.network", "NetworkManagementClient")
+    resources = _ManagementClient("azure.mgmt.resource.resources", "ResourceManagementClient")
+    msi = _ManagementClient("azure.mgmt.msi", "ManagedServiceIdentityClient")
+    keyvault = _ManagementClient("azure.mgmt.keyvault", "KeyVaultManagementClient")
+    storage = _ManagementClient("azure.mgmt.storage", "StorageManagementClient")
+    storagecache = _ManagementClient("azure.mgmt.storagecache", "StorageCacheManagementClient")
+    authorization = _ManagementClient("azure.mgmt.authorization", "AuthorizationManagementClient")
+
     def __init__(self, subscription_id: str):
         self.subscription_id = subscription_id
-
-    @functools.cached_property
-    def compute(self):
-        from azure.mgmt.compute import ComputeManagementClient
-
-        return ComputeManagementClient(credential(), self.subscription_id, **_options())
-
-    @functools.cached_property
-    def network(self):
-        from azure.mgmt.network import NetworkManagementClient
-
-        return NetworkManagementClient(credential(), self.subscription_id, **_options())
-
-    @functools.cached_property
-    def resources(self):
-        from azure.mgmt.resource.resources import ResourceManagementClient
-
-        return ResourceManagementClient(credential(), self.subscription_id, **_options())
-
-    @functools.cached_property
-    def msi(self):
-        from azure.mgmt.msi import ManagedServiceIdentityClient
-
-        return ManagedServiceIdentityClient(credential(), self.subscription_id, **_options())
-
-    @functools.cached_property
-    def keyvault(self):
-        from azure.mgmt.keyvault import KeyVaultManagementClient
-
-        return KeyVaultManagementClient(credential(), self.subscription_id, **_options())
-
-    @functools.cached_property
-    def storage(self):
-        from azure.mgmt.storage import StorageManagementClient
-
-        return StorageManagementClient(credential(), self.subscription_id, **_options())
-
-    @functools.cached_property
-    def storagecache(self):
-        from azure.mgmt.storagecache import StorageCacheManagementClient
-
-        return StorageCacheManagementClient(credential(), self.subscription_id, **_options())
-
-    @functools.cached_property
-    def authorization(self):
-        from azure.mgmt.authorization import AuthorizationManagementClient
-
-        return AuthorizationManagementClient(credential(), self.subscription_id, **_options())
 
     def secrets(self, vault_url: str):
         from azure.keyvault.secrets import SecretClient
@@ -167,11 +149,5 @@ def azure_error_translation() -> Iterator[None]:
 
 
 def azure_errors(method: Callable) -> Callable:
-    """azure_error_translation around a function."""
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with azure_error_translation():
-            return method(*args, **kwargs)
-
-    return wrapper
+    """azure_error_translation around a function (a contextmanager is a ContextDecorator too)."""
+    return azure_error_translation()(method)

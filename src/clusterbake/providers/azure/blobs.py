@@ -21,7 +21,6 @@ blobfuse2) authenticates with that identity (azstorage `mode: msi`, `appid`).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from clusterbake.config import AzureBlobStorage, ClusterConfig
@@ -47,19 +46,8 @@ class Container:
         return rbac.BLOB_DATA_READER if self.entry.read_only else rbac.BLOB_DATA_CONTRIBUTOR
 
 
-def cluster_account_name(config: ClusterConfig) -> str:
-    azure = config.azure
-    seed = f"{azure.subscription_id}/{azure.resource_group}/{config.cluster_name}/blob".lower()
-    return "cb" + hashlib.sha256(seed.encode()).hexdigest()[:22]
-
-
 def containers(config: ClusterConfig) -> list[Container]:
-    found = []
-    for index, entry in enumerate(config.storage or []):
-        if isinstance(entry, AzureBlobStorage):
-            account = entry.storage_account or cluster_account_name(config)
-            found.append(Container(f"storage.{index} ({entry.name})", entry, account, entry.storage_account is None))
-    return found
+    return storage.in_accounts(config, AzureBlobStorage, Container, purpose="blob")
 
 
 def scope(config: ClusterConfig, container: Container) -> str:
@@ -132,24 +120,12 @@ def grant(authorization, config: ClusterConfig, principal_id: str) -> None:
 
 def endpoints(storage_client, config: ClusterConfig) -> dict[str, dict]:
     """Per entry name, what blobfuse2 mounts: {account, container, endpoint, read_only}."""
-    rg = config.azure.resource_group
-    found: dict[str, dict] = {}
-    accounts: dict[str, object] = {}
-    for container in containers(config):
-        if container.account not in accounts:
-            accounts[container.account] = get_or_none(
-                storage_client.storage_accounts.get_properties, rg, container.account
-            )
-        account = accounts[container.account]
-        if account is None:
-            continue
-        blob = (account.primary_endpoints.blob if account.primary_endpoints else None) or (
-            f"https://{container.account}.blob.core.windows.net/"
-        )
-        found[container.entry.name] = {
+    return {
+        container.entry.name: {
             "account": container.account,
             "container": container.name,
-            "endpoint": blob.rstrip("/"),
+            "endpoint": storage.service_url(account, container.account, "blob").rstrip("/"),
             "read_only": container.entry.read_only,
         }
-    return found
+        for container, account in storage.with_accounts(storage_client, config, containers(config))
+    }

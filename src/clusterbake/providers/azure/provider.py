@@ -64,10 +64,6 @@ def disable_replaced_versions(client, name: str, keep: str) -> int:
 
 
 class AzureProvider(CloudProvider):
-    # Tags, not the state file, say what exists: a failed group rolls its own VMs back, the
-    # rest stays for the next try; `cluster down` removes it.
-    destroy_after_failed_first_provision = False
-
     machine_noun = "VM"
     create_verb = "creates"
     ready_hint = "check azure.ssh_cidrs / azure.bastion and the VMs' boot diagnostics"

@@ -17,7 +17,9 @@ share in that existing account, which clusterbake never creates, changes or dele
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
 from clusterbake.config import AzureFilesStorage, ClusterConfig
@@ -38,20 +40,28 @@ class Share:
     owned: bool  # the cluster's own account (created and deleted by clusterbake)
 
 
-def cluster_account_name(config: ClusterConfig) -> str:
+def cluster_account_name(config: ClusterConfig, purpose: str = "") -> str:
+    """The cluster's own account (names are global): cb + 22 hex digits of subscription, group,
+    cluster and the account's purpose (none: the FileStorage account of the shares)."""
     azure = config.azure
-    seed = f"{azure.subscription_id}/{azure.resource_group}/{config.cluster_name}".lower()
-    return "cb" + hashlib.sha256(seed.encode()).hexdigest()[:22]
+    seed = "/".join(filter(None, (azure.subscription_id, azure.resource_group, config.cluster_name, purpose)))
+    return "cb" + hashlib.sha256(seed.lower().encode()).hexdigest()[:22]
+
+
+def in_accounts(config: ClusterConfig, kind: type, record: Callable, purpose: str = "") -> list:
+    """The config's storage entries of `kind`, each as record(field, entry, account, owned): in the
+    account the entry names, or the cluster's own account for `purpose` (owned)."""
+    found = []
+    for index, entry in enumerate(config.storage or []):
+        if isinstance(entry, kind):
+            account = entry.storage_account or cluster_account_name(config, purpose)
+            found.append(record(f"storage.{index} ({entry.name})", entry, account, entry.storage_account is None))
+    return found
 
 
 def shares(config: ClusterConfig) -> list[Share]:
     """The azure_files entries of the config, each with the account its share lives in."""
-    found = []
-    for index, entry in enumerate(config.storage or []):
-        if isinstance(entry, AzureFilesStorage):
-            account = entry.storage_account or cluster_account_name(config)
-            found.append(Share(f"storage.{index} ({entry.name})", entry, account, entry.storage_account is None))
-    return found
+    return in_accounts(config, AzureFilesStorage, Share)
 
 
 def share_name(entry: AzureFilesStorage) -> str:
@@ -144,23 +154,31 @@ def account_body(config: ClusterConfig, subnet_id: str, retain: bool, *, kind: s
     )
 
 
+def with_accounts(storage_client, config: ClusterConfig, entries: list) -> Iterator[tuple[Any, Any]]:
+    """(entry, its storage account's properties) of each Share or Container whose account exists;
+    each account read once."""
+    accounts: dict[str, object] = {}
+    for entry in entries:
+        if entry.account not in accounts:
+            get = storage_client.storage_accounts.get_properties
+            accounts[entry.account] = get_or_none(get, config.azure.resource_group, entry.account)
+        if accounts[entry.account] is not None:
+            yield entry, accounts[entry.account]
+
+
+def service_url(account, name: str, service: str) -> str:
+    """The account's endpoint of `service` (file, blob) as ARM reports it, else Azure's public form."""
+    reported = getattr(account.primary_endpoints, service) if account.primary_endpoints else None
+    return reported or f"https://{name}.{service}.core.windows.net/"
+
+
 def endpoints(storage_client, config: ClusterConfig) -> dict[str, dict]:
     """Per entry name, what the nodes mount: the account's file host and the share's NFS export."""
-    rg = config.azure.resource_group
-    found: dict[str, dict] = {}
-    accounts: dict[str, object] = {}
-    for share in shares(config):
-        if share.account not in accounts:
-            accounts[share.account] = get_or_none(storage_client.storage_accounts.get_properties, rg, share.account)
-        account = accounts[share.account]
-        if account is None:
-            continue
-        file_url = (account.primary_endpoints.file if account.primary_endpoints else None) or (
-            f"https://{share.account}.file.core.windows.net/"
-        )
-        found[share.entry.name] = {
-            "dns_name": urlparse(file_url).hostname,
+    return {
+        share.entry.name: {
+            "dns_name": urlparse(service_url(account, share.account, "file")).hostname,
             "export": f"/{share.account}/{share_name(share.entry)}",
             "account": share.account,
         }
-    return found
+        for share, account in with_accounts(storage_client, config, shares(config))
+    }

@@ -498,16 +498,24 @@ def create_aws_request(self: IAMRequestBase):
 
 
 def install() -> None:
-    """Patch this process's moto (idempotent)."""
-    EC2Response.create_placement_group = create_placement_group
-    EC2Response.describe_placement_groups = describe_placement_groups
-    EC2Response.delete_placement_group = delete_placement_group
-    EC2Response.run_instances = run_instances
-    EC2Response.register_image = register_image
-    EC2Response.get_console_output = get_console_output
-    EC2Response._authenticate_and_authorize_normal_action = authorize_ec2
-    SecretsManagerResponse._determine_resource = _secret_resource
-    SecretsManagerResponse._authenticate_and_authorize_normal_action = authorize_secrets
-    IAMRequestBase._create_aws_request = create_aws_request
-    IAMRequestBase.check_action_permitted = check_action_permitted
-    IAMPolicyStatement._check_principal = check_principal
+    """Patch this process's moto (idempotent): each class's methods replaced by ours of that name."""
+    patches = {
+        EC2Response: {
+            "create_placement_group": create_placement_group,
+            "describe_placement_groups": describe_placement_groups,
+            "delete_placement_group": delete_placement_group,
+            "run_instances": run_instances,
+            "register_image": register_image,
+            "get_console_output": get_console_output,
+            "_authenticate_and_authorize_normal_action": authorize_ec2,
+        },
+        SecretsManagerResponse: {
+            "_determine_resource": _secret_resource,
+            "_authenticate_and_authorize_normal_action": authorize_secrets,
+        },
+        IAMRequestBase: {"_create_aws_request": create_aws_request, "check_action_permitted": check_action_permitted},
+        IAMPolicyStatement: {"_check_principal": check_principal},
+    }
+    for cls, methods in patches.items():
+        for name, method in methods.items():
+            setattr(cls, name, method)

@@ -78,13 +78,8 @@ class ComputeMixin:
             "uniqueId": existing["properties"]["uniqueId"] if existing else self.guid("vmss"),
             "provisioningState": "Succeeded",
         }
-        if props.get("proximityPlacementGroup"):
-            ppg = self._require(
-                _ref(props["proximityPlacementGroup"]),
-                "Microsoft.Compute/proximityPlacementGroups",
-                "properties.proximityPlacementGroup",
-            )
-            resource["properties"]["proximityPlacementGroup"] = {"id": ppg["id"]}
+        ppg_type = "Microsoft.Compute/proximityPlacementGroups"
+        self._link(resource, props, "proximityPlacementGroup", ppg_type, "properties.proximityPlacementGroup")
         if body.get("zones"):
             resource["zones"] = list(body["zones"])
         return resource

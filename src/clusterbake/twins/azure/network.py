@@ -82,11 +82,9 @@ class NetworkMixin:
                 }
                 for e in endpoints
             ]
-        if props.get("networkSecurityGroup"):
-            nsg = self._require(
-                _ref(props["networkSecurityGroup"]), "Microsoft.Network/networkSecurityGroups", "networkSecurityGroup"
-            )
-            resource["properties"]["networkSecurityGroup"] = {"id": nsg["id"]}
+        self._link(
+            resource, props, "networkSecurityGroup", "Microsoft.Network/networkSecurityGroups", "networkSecurityGroup"
+        )
         return resource
 
     def _put_network_applicationsecuritygroups(self, rid, body, existing):
@@ -317,13 +315,8 @@ class NetworkMixin:
             "resourceGuid": existing["properties"]["resourceGuid"] if existing else self.guid("nic"),
             "provisioningState": "Succeeded",
         }
-        if props.get("networkSecurityGroup"):
-            nsg = self._require(
-                _ref(props["networkSecurityGroup"]),
-                "Microsoft.Network/networkSecurityGroups",
-                "properties.networkSecurityGroup",
-            )
-            resource["properties"]["networkSecurityGroup"] = {"id": nsg["id"]}
+        nsg_type = "Microsoft.Network/networkSecurityGroups"
+        self._link(resource, props, "networkSecurityGroup", nsg_type, "properties.networkSecurityGroup")
         if existing and existing["properties"].get("virtualMachine"):
             resource["properties"]["virtualMachine"] = existing["properties"]["virtualMachine"]
         return resource

@@ -333,6 +333,11 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
     def _of_type(self, rtype: str) -> list[dict]:
         return [r for r in self.resources.values() if r["type"] == rtype]
 
+    def _link(self, resource: dict, props: dict, key: str, rtype: str, target: str) -> None:
+        """The resource's property `key`: {"id"} of the existing `rtype` that props[key] refers to, if any."""
+        if props.get(key):
+            resource["properties"][key] = {"id": self._require(_ref(props[key]), rtype, target)["id"]}
+
     def _require(self, rid: str | None, rtype: str, target: str) -> dict:
         if not rid:
             raise ArmError(400, "InvalidParameter", f"Required parameter '{target}' is missing (null).", target)
@@ -347,35 +352,28 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
             )
         return found
 
-    def list(self, subscription: str, group: str | None, type_key: str, parent: str | None = None) -> list[dict]:
+    def _in_scope(self, subscription: str, group: str | None):
+        """(key, id, resource) of every resource of the subscription (of `group`, when given), by key."""
         self.check_subscription(subscription)
         if group is not None:
             self.group(group)
-        found = []
         for key in sorted(self.resources):
-            resource = self.resources[key]
-            if resource["type"].lower() != type_key:
-                continue
             rid = ResourceId.parse(key)
-            if group is not None and rid.group.lower() != group.lower():
-                continue
-            if parent is not None and not key.startswith(parent.lower() + "/"):
-                continue
-            found.append(self.view(resource))
-        return found
+            if group is None or rid.group.lower() == group.lower():
+                yield key, rid, self.resources[key]
+
+    def list(self, subscription: str, group: str | None, type_key: str, parent: str | None = None) -> list[dict]:
+        return [
+            self.view(resource)
+            for key, _, resource in self._in_scope(subscription, group)
+            if resource["type"].lower() == type_key and (parent is None or key.startswith(parent.lower() + "/"))
+        ]
 
     def generic_list(self, subscription: str, group: str | None, tag: tuple[str, str | None] | None, rtype: str | None):
         """GET /subscriptions/{s}[/resourceGroups/{g}]/resources: top-level resources (not subnets)."""
-        self.check_subscription(subscription)
-        if group is not None:
-            self.group(group)
         found = []
-        for key in sorted(self.resources):
-            resource = self.resources[key]
-            rid = ResourceId.parse(key)
+        for _, rid, resource in self._in_scope(subscription, group):
             if len(rid.types) != 1:
-                continue
-            if group is not None and rid.group.lower() != group.lower():
                 continue
             if rtype and resource["type"].lower() != rtype.lower():
                 continue

@@ -77,12 +77,17 @@ class StorageMixin:
         }
         return resource
 
-    def _put_storage_storageaccounts_fileservices_shares(self, rid, body, existing):
+    def _service_account(self, rid, service: str) -> dict:
+        """The storage account of a share or container `rid` (below the account's one `service` service)."""
         if rid.names[1] != "default":
-            raise ArmError(400, "InvalidResourceName", "The file service name must be 'default'.")
+            raise ArmError(400, "InvalidResourceName", f"The {service} service name must be 'default'.")
         account = self.resources.get(rid.parent().parent().key)
         if account is None:
             raise not_found(str(rid.parent().parent()), "Microsoft.Storage/storageAccounts")
+        return account
+
+    def _put_storage_storageaccounts_fileservices_shares(self, rid, body, existing):
+        account = self._service_account(rid, "file")
         if not SHARE_NAME.match(rid.name):
             raise ArmError(400, "InvalidResourceName", f"The specifed resource name '{rid.name}' is invalid.")
         props = body.get("properties") or {}
@@ -108,11 +113,7 @@ class StorageMixin:
         return resource
 
     def _put_storage_storageaccounts_blobservices_containers(self, rid, body, existing):
-        if rid.names[1] != "default":
-            raise ArmError(400, "InvalidResourceName", "The blob service name must be 'default'.")
-        account = self.resources.get(rid.parent().parent().key)
-        if account is None:
-            raise not_found(str(rid.parent().parent()), "Microsoft.Storage/storageAccounts")
+        account = self._service_account(rid, "blob")
         if account["kind"] == "FileStorage":
             raise ArmError(
                 400, "FeatureNotSupportedForAccount", "Blob is not supported for the account (kind FileStorage)."
