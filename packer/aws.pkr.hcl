@@ -1,8 +1,9 @@
 # AWS GPU image: an amazon-ebs source on Ubuntu 22.04 or 24.04 (Canonical's
 # AMIs), provisioned by the same ansible/image.yml as the local image, with the
 # builder in the groups that switch the GPU stack on. clusterbake selects it with
-# -only=amazon-ebs.ubuntu (src/clusterbake/images/aws.py); packer/README.md says
-# how Packer versions are handled.
+# -only=amazon-ebs.ubuntu (src/clusterbake/images/aws.py); its steps are the
+# cloud images' build (cloud.pkr.hcl); packer/README.md says how Packer versions
+# are handled.
 #
 # This file must stay loadable by Packer 1.6.6 (Debian's, which validates it
 # here): settings that only the amazon plugin knows (IMDSv2, ed25519 key pairs)
@@ -96,12 +97,15 @@ locals {
     "clusterbake:source-ami"      = "{{ .SourceAMI }}"
   }
 
-  # The validation switches of the GPU roles (no GPU or no EFA on the builder).
-  aws_validation_vars = {
-    nvidia_driver_validate = var.validate_gpu
-    nccl_validate          = var.validate_gpu
-    dcgm_validate          = var.validate_gpu
-    efa_validate           = var.validate_efa
+  # What the cloud images' build (cloud.pkr.hcl) takes for this source: the login user,
+  # the builder's groups, its own validation switch (no EFA on the builder), where the
+  # artifacts go and what the manifest adds.
+  aws_build = {
+    ssh_user       = "ubuntu"
+    ansible_groups = var.aws_ansible_groups
+    validation     = { efa_validate = var.validate_efa }
+    artifacts_dir  = local.aws_artifacts_dir
+    manifest       = { aws_base = var.aws_base, region = var.aws_region }
   }
 }
 
@@ -153,59 +157,5 @@ source "amazon-ebs" "ubuntu" {
   run_volume_tags = {
     "Name"              = "clusterbake-builder ${var.image_name}"
     "clusterbake:image" = var.image_name
-  }
-}
-
-build {
-  sources = ["source.amazon-ebs.ubuntu"]
-
-  # cloud-init and the first apt-daily runs hold apt's lock on a fresh instance.
-  provisioner "shell" {
-    inline = [
-      "sudo cloud-init status --wait > /dev/null || [ $? -eq 2 ]",
-      "sudo systemctl stop apt-daily.timer apt-daily-upgrade.timer unattended-upgrades.service || true",
-    ]
-  }
-
-  provisioner "ansible" {
-    playbook_file = "${local.repo_root}/ansible/image.yml"
-    command       = var.ansible_playbook_command
-    user          = "ubuntu"
-    use_proxy     = false
-    groups        = var.aws_ansible_groups
-    extra_arguments = [
-      "--become",
-      "--extra-vars", "@${var.image_vars_file}",
-      "--extra-vars", jsonencode(local.aws_validation_vars),
-    ]
-    ansible_env_vars = ["ANSIBLE_CONFIG=${local.repo_root}/ansible/ansible.cfg", "ANSIBLE_HOST_KEY_CHECKING=False"]
-  }
-
-  # What the image holds, next to the manifest: clusterbake records it.
-  provisioner "file" {
-    direction   = "download"
-    source      = "/opt/clusterbake/versions.json"
-    destination = "${local.aws_artifacts_dir}/versions.json"
-  }
-
-  # Per-instance state must not ship: cloud-init reruns, a new machine-id.
-  provisioner "shell" {
-    inline = [
-      "sudo apt-get clean",
-      "sudo cloud-init clean --logs",
-      "sudo truncate -s 0 /etc/machine-id",
-    ]
-  }
-
-  post-processor "manifest" {
-    output     = "${local.aws_artifacts_dir}/packer-manifest.json"
-    strip_path = true
-    custom_data = {
-      image_name      = var.image_name
-      git_revision    = var.git_revision
-      versions_digest = var.versions_digest
-      aws_base        = var.aws_base
-      region          = var.aws_region
-    }
   }
 }

@@ -183,12 +183,25 @@ locals {
     "clusterbake-source-image"    = "${var.azure_image_publisher}:${var.azure_image_offer}:${var.azure_image_sku}:${var.azure_image_version}"
   }
 
-  # The validation switches of the GPU and InfiniBand roles (no GPU or no HCA on the builder).
-  azure_validation_vars = {
-    nvidia_driver_validate = var.validate_gpu
-    nccl_validate          = var.validate_gpu
-    dcgm_validate          = var.validate_gpu
-    doca_ofed_require_link = var.validate_ib
+  # What the cloud images' build (cloud.pkr.hcl) takes for this source: the login user, the
+  # builder's groups, its own validation switch (no InfiniBand HCA on the builder), where the
+  # artifacts go and what the manifest adds.
+  azure_build = {
+    ssh_user       = local.azure_ssh_username
+    ansible_groups = var.azure_ansible_groups
+    validation     = { doca_ofed_require_link = var.validate_ib }
+    artifacts_dir  = local.azure_artifacts_dir
+    manifest = {
+      azure_base      = var.azure_base
+      location        = var.azure_location
+      resource_group  = var.azure_resource_group
+      gallery_name    = var.azure_gallery_name
+      gallery_group   = local.azure_gallery_group
+      gallery_image   = var.azure_gallery_image_name
+      gallery_version = var.azure_gallery_image_version
+      subscription_id = var.azure_subscription_id
+      gallery_regions = join(",", local.azure_gallery_regions)
+    }
   }
 }
 
@@ -235,68 +248,4 @@ source "azure-arm" "ubuntu" {
   ssh_timeout  = "15m"
 
   azure_tags = local.azure_image_tags
-}
-
-build {
-  sources = ["source.azure-arm.ubuntu"]
-
-  # cloud-init and the first apt-daily runs hold apt's lock on a fresh VM.
-  provisioner "shell" {
-    inline = [
-      "sudo cloud-init status --wait > /dev/null || [ $? -eq 2 ]",
-      "sudo systemctl stop apt-daily.timer apt-daily-upgrade.timer unattended-upgrades.service || true",
-    ]
-  }
-
-  provisioner "ansible" {
-    playbook_file = "${local.repo_root}/ansible/image.yml"
-    command       = var.ansible_playbook_command
-    user          = local.azure_ssh_username
-    use_proxy     = false
-    groups        = var.azure_ansible_groups
-    extra_arguments = [
-      "--become",
-      "--extra-vars", "@${var.image_vars_file}",
-      "--extra-vars", jsonencode(local.azure_validation_vars),
-    ]
-    ansible_env_vars = ["ANSIBLE_CONFIG=${local.repo_root}/ansible/ansible.cfg", "ANSIBLE_HOST_KEY_CHECKING=False"]
-  }
-
-  # What the image holds, next to the manifest: clusterbake records it.
-  provisioner "file" {
-    direction   = "download"
-    source      = "/opt/clusterbake/versions.json"
-    destination = "${local.azure_artifacts_dir}/versions.json"
-  }
-
-  # Generalize as Azure documents for Linux images: per-instance state goes (cloud-init
-  # reruns, a new machine-id), then the agent removes the build user, its key and itself.
-  provisioner "shell" {
-    inline = [
-      "sudo apt-get clean",
-      "sudo cloud-init clean --logs",
-      "sudo truncate -s 0 /etc/machine-id",
-      "sudo /usr/sbin/waagent -force -deprovision+user && export HISTSIZE=0 && sync",
-    ]
-    skip_clean = true
-  }
-
-  post-processor "manifest" {
-    output     = "${local.azure_artifacts_dir}/packer-manifest.json"
-    strip_path = true
-    custom_data = {
-      image_name      = var.image_name
-      git_revision    = var.git_revision
-      versions_digest = var.versions_digest
-      azure_base      = var.azure_base
-      location        = var.azure_location
-      resource_group  = var.azure_resource_group
-      gallery_name    = var.azure_gallery_name
-      gallery_group   = local.azure_gallery_group
-      gallery_image   = var.azure_gallery_image_name
-      gallery_version = var.azure_gallery_image_version
-      subscription_id = var.azure_subscription_id
-      gallery_regions = join(",", local.azure_gallery_regions)
-    }
-  }
 }

@@ -9,6 +9,9 @@ from clusterbake.images.base import PackerRun
 
 REPO = Path(__file__).resolve().parents[1]
 SUBSCRIPTION = "11111111-2222-3333-4444-555555555555"
+# A cloud build's staged template directory: both cloud templates (their one build in cloud.pkr.hcl
+# names both sources), the shared variables and the plugin requirements.
+STAGED_FILES = ["ansible.pkr.hcl", "aws.pkr.hcl", "azure.pkr.hcl", "cloud.pkr.hcl", "required_plugins.pkr.hcl"]
 
 
 def azure_section() -> dict:

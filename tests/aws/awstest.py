@@ -71,6 +71,14 @@ def example_config(network: Network, **changes) -> dict:
     return config
 
 
+def small_config(network: Network, name: str, cpu_type: str, *groups: dict, **changes) -> dict:
+    """example_config with a small head (m7i.large), one static node `cpu-1` of `cpu_type`, then
+    `groups`, no partitions of its own, then `changes`."""
+    groups = ({"name": "cpu", "count": 1, "instance_type": cpu_type}, *groups)
+    head = {"instance_type": "m7i.large"}
+    return example_config(network, cluster_name=name, head=head, node_groups=list(groups), partitions=[], **changes)
+
+
 def run_cb(moto: Moto, state_dir: Path, config: dict | Path, *args: str, check: bool = True, timeout: int = 120):
     """The real CLI as a subprocess against the moto server."""
     return run_cli(moto.env, state_dir, config, *args, check=check, timeout=timeout)

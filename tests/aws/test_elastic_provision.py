@@ -18,7 +18,7 @@ import json
 import programs
 import pytest
 import yaml
-from awstest import REGION, example_config, inventory, live_instances, provisioned, run_cb, tag_map
+from awstest import REGION, inventory, live_instances, provisioned, run_cb, small_config, tag_map
 
 from clusterbake.images.store import write_aws_record
 from clusterbake.providers.userdata import NAME_PLACEHOLDER
@@ -29,23 +29,8 @@ PLAN = ["head", "cpu-1", "burst-1", "burst-2", "burst-3"]
 
 
 def _config(network, max_count=3):
-    return example_config(
-        network,
-        cluster_name=CLUSTER,
-        head={"instance_type": "m7i.large"},
-        node_groups=[
-            {"name": "cpu", "count": 1, "instance_type": "c7a.large"},
-            {
-                "name": "burst",
-                "min_count": 1,
-                "max_count": max_count,
-                "instance_types": ["c7a.large", "m7a.large"],
-                "idle_time": 60,
-            },
-        ],
-        partitions=[],
-        power={"capacity_cooldown": 300},
-    )
+    burst = {"name": "burst", "min_count": 1, "max_count": max_count, "instance_types": ["c7a.large", "m7a.large"]}
+    return small_config(network, CLUSTER, "c7a.large", burst | {"idle_time": 60}, power={"capacity_cooldown": 300})
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ same error response a real Availability Zone sends.
 from __future__ import annotations
 
 import pytest
-from awstest import REGION, ZONE, example_config, live_instances, run_cb, tag_map
+from awstest import REGION, ZONE, live_instances, run_cb, small_config, tag_map
 
 from clusterbake.images.store import write_aws_record
 from clusterbake.state import StateDir
@@ -37,16 +37,8 @@ def capacity(moto):
 
 
 def _config(network, name, gpu_count):
-    return example_config(
-        network,
-        cluster_name=name,
-        head={"instance_type": "m7i.large"},
-        node_groups=[
-            {"name": "cpu", "count": 1, "instance_type": "c7i.large"},
-            {"name": "gpu", "count": gpu_count, "instance_type": "p4d.24xlarge", "efa": True},
-        ],
-        partitions=[],
-    )
+    gpu = {"name": "gpu", "count": gpu_count, "instance_type": "p4d.24xlarge", "efa": True}
+    return small_config(network, name, "c7i.large", gpu)
 
 
 def test_capacity_error_midway_terminates_everything_this_run_launched(moto, network, tmp_path, capacity):

@@ -110,20 +110,13 @@ def test_network_rules(twin, token, group):
     base = f"{_rg(twin, group)}/providers/Microsoft.Network"
     subnet_id = f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/{SUBNET}"
     # A subnet outside its network, and one overlapping a sibling.
-    status, body, _ = twin.request(
-        "PUT",
-        f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/outside?{V}",
-        {"properties": {"addressPrefix": "10.99.0.0/24"}},
-        token,
-    )
-    assert (status, body["error"]["code"]) == (400, "NetcfgSubnetRangeOutsideVnet")
-    status, body, _ = twin.request(
-        "PUT",
-        f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/overlap?{V}",
-        {"properties": {"addressPrefix": "10.70.0.128/25"}},
-        token,
-    )
-    assert (status, body["error"]["code"]) == (400, "NetcfgSubnetRangesOverlap")
+    for name, prefix, refusal in (
+        ("outside", "10.99.0.0/24", "NetcfgSubnetRangeOutsideVnet"),
+        ("overlap", "10.70.0.128/25", "NetcfgSubnetRangesOverlap"),
+    ):
+        url = f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/{name}?{V}"
+        status, body, _ = twin.request("PUT", url, {"properties": {"addressPrefix": prefix}}, token)
+        assert (status, body["error"]["code"]) == (400, refusal)
 
     def nic(name, **ip):
         config = {"name": "ipconfig1", "properties": {"subnet": {"id": subnet_id}, **ip}}

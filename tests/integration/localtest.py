@@ -32,6 +32,13 @@ def cb(*args, config=CONFIG, **kwargs):
     return run([*CB, "--config", str(config), *args], **kwargs)
 
 
+def up_for_the_module(config: Path):
+    """A module fixture's body: `cluster up` of `config`, the module's tests, `cluster down`."""
+    cb("cluster", "up", config=config, timeout=600)
+    yield
+    cb("cluster", "down", config=config, timeout=300)
+
+
 @functools.cache
 def _provider(config: str):
     from clusterbake.config import load_config

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from localtest import CB, REPO, cb, on
+from localtest import CB, REPO, cb, on, up_for_the_module
 from polling import drained_by_the_poll_that_saw_the_notice, notice_log_after_the_drain, poll
 from timetable import boots_cluster
 
@@ -39,9 +39,7 @@ def fon(node, command, **kwargs):
 @pytest.fixture(scope="module")
 @boots_cluster("local 1+3 health (faults.yaml)")
 def faults_cluster(image):
-    fcb("cluster", "up", timeout=600)
-    yield
-    fcb("cluster", "down", timeout=300)
+    yield from up_for_the_module(CONFIG)
 
 
 def node_state(node: str) -> tuple[str, str]:

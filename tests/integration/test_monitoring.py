@@ -10,7 +10,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from localtest import REPO, cb, on
+from localtest import REPO, cb, on, up_for_the_module
 from polling import wait_for
 from timetable import boots_cluster
 
@@ -32,9 +32,7 @@ def head(command, **kwargs):
 @pytest.fixture(scope="module")
 @boots_cluster("local 1+1+0..1 monitoring (monitoring.yaml)")
 def monitored(image):
-    mcb("cluster", "up", timeout=600)
-    yield
-    mcb("cluster", "down", timeout=300)
+    yield from up_for_the_module(CONFIG)
 
 
 def api(path: str, **params) -> dict:

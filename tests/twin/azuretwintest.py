@@ -11,9 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from sdkenv import Environ
-from twintest import CB, node_init_pid, run, twin_environment
-
-from clusterbake.nspawn import machines
+from twintest import CB, host_leftovers, node_init_pid, run, twin_environment
 
 TWIN_NET = "twin-azure"
 
@@ -102,32 +100,5 @@ class AzureTwin:
 
 
 def azure_host_leftovers() -> list[str]:
-    """What the Azure twin could leave on the host: namespaces, links, node processes, mounts, state."""
-    left = [f"netns {n}" for n in run(["ip", "netns", "list"]).stdout.split() if "twin-azure" in n]
-    left += [
-        f"link {line.split(':')[1].strip()}"
-        for line in run(["ip", "-o", "link"]).stdout.splitlines()
-        if "cb-twin-azure" in line
-    ]
-    left += [f"node {m}" for m in machines.find_machines(f"cb-{TWIN_NET}-")]
-    left += [
-        f"mount {line.split()[4]}"
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if "/twins/azure" in line.split()[4]
-    ]
-    left += [
-        f"process {pid}"
-        for pid in os.listdir("/proc")
-        if pid.isdigit() and "clusterbake.twins.azure.daemon" in _cmdline(pid)
-    ]
-    state = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) / "twins" / "azure"
-    if state.exists():
-        left.append(f"state {state}")
-    return left
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
+    """What the Azure twin could leave on the host (twintest.host_leftovers)."""
+    return host_leftovers("azure")

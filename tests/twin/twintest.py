@@ -178,26 +178,37 @@ def twin_environment(cloud: str = "aws") -> dict[str, str]:
     return dict(item.split("=", 1) for item in dumped.split("\0") if "=" in item)
 
 
-def host_leftovers() -> list[str]:
-    """What the twin could leave on the host: namespaces, links, node processes, mounts, state."""
+def host_leftovers(cloud: str = "aws") -> list[str]:
+    """What the twin of `cloud` could leave on the host: namespaces, links, node processes, its daemon,
+    mounts, state."""
     from clusterbake.nspawn import machines
 
-    left = [f"netns {n}" for n in run(["ip", "netns", "list"]).stdout.split() if "twin-aws" in n]
+    net = f"twin-{cloud}"
+    left = [f"netns {n}" for n in run(["ip", "netns", "list"]).stdout.split() if net in n]
     left += [
         f"link {line.split(':')[1].strip()}"
         for line in run(["ip", "-o", "link"]).stdout.splitlines()
-        if "cb-twin-aws" in line
+        if f"cb-{net}" in line
     ]
-    left += [f"node {m}" for m in machines.find_machines("cb-twin-aws-")]
+    left += [f"node {m}" for m in machines.find_machines(f"cb-{net}-")]
     left += [
         f"mount {line.split()[4]}"
         for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if "/twins/aws" in line.split()[4]
+        if f"/twins/{cloud}" in line.split()[4]
     ]
-    state = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) / "twins" / "aws"
+    daemon = f"clusterbake.twins.{cloud}.daemon"
+    left += [f"process {pid}" for pid in os.listdir("/proc") if pid.isdigit() and daemon in _cmdline(pid)]
+    state = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) / "twins" / cloud
     if state.exists():
         left.append(f"state {state}")
     return left
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def slurm_states(cluster: Twin) -> dict[str, str]:

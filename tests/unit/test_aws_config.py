@@ -6,6 +6,7 @@ import json
 import shlex
 import textwrap
 
+import configs
 import pytest
 
 from clusterbake.config import ClusterConfig, load_config
@@ -212,20 +213,7 @@ def test_local_configs_are_unchanged(tmp_path):
 
 
 def _config(**aws) -> ClusterConfig:
-    data = {
-        "cluster_name": "demo",
-        "provider": "aws",
-        "image": {"base": "ubuntu-22.04"},
-        "aws": {
-            "region": "us-east-1",
-            "vpc_id": "vpc-0123456789abcdef0",
-            "subnet_id": "subnet-0123456789abcdef0",
-            **aws,
-        },
-        "head": {"instance_type": "m7i.2xlarge"},
-        "node_groups": [{"name": "gpu", "count": 1, "instance_type": "p5.48xlarge", "efa": True}],
-    }
-    return ClusterConfig.model_validate(data)
+    return ClusterConfig.model_validate(configs.aws_cluster(aws))
 
 
 def test_ami_from_the_image_record(tmp_path):

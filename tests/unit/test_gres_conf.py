@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configs
 from test_slurm_conf import filters, inventory, node, render
 
 from clusterbake.config import ClusterConfig
@@ -71,16 +72,5 @@ def test_gpus_are_for_the_local_provider_only():
 
     with pytest.raises(ValueError, match=r"node_groups\.0\.gpus: only for provider local"):
         ClusterConfig.model_validate(
-            {
-                "cluster_name": "x",
-                "provider": "aws",
-                "image": {"base": "ubuntu-24.04"},
-                "aws": {
-                    "region": "us-east-1",
-                    "vpc_id": "vpc-0123456789abcdef0",
-                    "subnet_id": "subnet-0123456789abcdef0",
-                },
-                "head": {"instance_type": "m7i.large"},
-                "node_groups": [{"name": "g", "count": 1, "instance_type": "p5.48xlarge", "gpus": 8}],
-            }
+            configs.aws_cluster(node_groups=[{"name": "g", "count": 1, "instance_type": "p5.48xlarge", "gpus": 8}])
         )

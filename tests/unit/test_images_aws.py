@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from imagetest import packer_run
+from imagetest import STAGED_FILES, packer_run
 
 from clusterbake.config import DEFAULT_IMAGE_BASE, ClusterConfig
 from clusterbake.errors import ClusterbakeError
@@ -136,7 +136,7 @@ def test_versions_digest_is_the_manifest_files_sha256():
 def test_staged_template_has_the_plugin_settings_and_requirements(tmp_path):
     assert (REPO / "packer/aws.pkr.hcl").read_text().count(packer.MARKER) == 1
     staged = stage(tmp_path / "t", REPO)
-    assert sorted(p.name for p in staged.iterdir()) == ["ansible.pkr.hcl", "aws.pkr.hcl", "required_plugins.pkr.hcl"]
+    assert sorted(p.name for p in staged.iterdir()) == STAGED_FILES
     text = (staged / "aws.pkr.hcl").read_text()
     assert packer.MARKER not in text
     assert 'http_tokens                 = "required"' in text

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from imagetest import SUBSCRIPTION, azure_section, packer_run
+from imagetest import STAGED_FILES, SUBSCRIPTION, azure_section, packer_run
 
 from clusterbake.config import AZURE_SOURCE_IMAGES, ClusterConfig
 from clusterbake.errors import ClusterbakeError, ConfigError
@@ -253,7 +253,7 @@ def test_build_records_the_gallery_version_and_the_provider_finds_it(tmp_path, m
     assert calls[1] == (
         "build",
         "azure-arm.ubuntu",
-        ["ansible.pkr.hcl", "azure.pkr.hcl", "required_plugins.pkr.hcl"],
+        STAGED_FILES,
         {"PKR_VAR_azure_client_secret": "s3cret"},
     )
     assert image.provider == "azure" and "/galleries/clusterbake/" in image.image_id and not image.reused
@@ -287,7 +287,7 @@ def test_build_refuses_packer_1_6_6(tmp_path, monkeypatch):
 
 def test_staged_template_has_the_plugin_requirements(tmp_path):
     staged = packer.stage_template(azure.TEMPLATE, tmp_path / "t", REPO)
-    assert sorted(p.name for p in staged.iterdir()) == ["ansible.pkr.hcl", "azure.pkr.hcl", "required_plugins.pkr.hcl"]
+    assert sorted(p.name for p in staged.iterdir()) == STAGED_FILES
     assert 'source  = "github.com/hashicorp/azure"' in (staged / "required_plugins.pkr.hcl").read_text()
 
 

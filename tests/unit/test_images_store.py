@@ -104,33 +104,14 @@ def test_local_provider_finds_the_image_of_its_inputs_else_the_newest_of_its_kin
     make_image(store, "clusterbake-debian-12-other", "0000000000000000", age=60, **kind)
     # Newer, but of another kind: a twin's cloud image (group aws, its boot steps wait for
     # an instance metadata service), one of another base, one that does not say.
-    make_image(
-        store,
-        "clusterbake-debian-12-twin",
-        "1111111111111111",
-        age=30,
-        base="debian-12",
-        builder_groups=[*kind["builder_groups"], "aws"],
-    )
-    make_image(
-        store,
-        "clusterbake-ubuntu-24.04-new",
-        "2222222222222222",
-        age=20,
-        base="ubuntu-24.04",
-        builder_groups=kind["builder_groups"],
-    )
-    make_image(store, "clusterbake-debian-12-unknown", "3333333333333333", age=10)
+    groups = kind["builder_groups"]
+    make_image(store, "clusterbake-debian-12-twin", "1" * 16, age=30, base="debian-12", builder_groups=[*groups, "aws"])
+    make_image(store, "clusterbake-ubuntu-24.04-new", "2" * 16, age=20, base="ubuntu-24.04", builder_groups=groups)
+    make_image(store, "clusterbake-debian-12-unknown", "3" * 16, age=10)
     assert find_local_image(config, state).name == "clusterbake-debian-12-other"
     # More components than needed do no harm (switched on by group at cluster time).
-    make_image(
-        store,
-        "clusterbake-debian-12-train",
-        "4444444444444444",
-        age=5,
-        base="debian-12",
-        builder_groups=[*kind["builder_groups"], "train"],
-    )
+    train = [*groups, "train"]
+    make_image(store, "clusterbake-debian-12-train", "4" * 16, age=5, base="debian-12", builder_groups=train)
     assert find_local_image(config, state).name == "clusterbake-debian-12-train"
     assert "warning: roles, playbooks or image settings changed" in capsys.readouterr().err
     make_image(store, "clusterbake-debian-12-exact", local_inputs_digest(config), age=3600)

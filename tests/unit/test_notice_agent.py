@@ -108,6 +108,11 @@ def azure():
     server.server_close()
 
 
+def an_agent(agent, config: dict, **kwargs):
+    """The program's Agent for `config`, with the notice source its provider has (SOURCES), as main makes it."""
+    return agent.Agent(config, agent.SOURCES[config["provider"]](config), **kwargs)
+
+
 def assert_drained_and_asked_to_checkpoint(agent, reason: str) -> None:
     """The node drained first, with the notice's reason; the job that checkpoints on USR1 asked to."""
     assert agent.slurm.calls[0] == ("scontrol", "update", "NodeName=gpu-1", "State=DRAIN", f"Reason={reason}")
@@ -118,7 +123,7 @@ def test_a_spot_interruption_drains_signals_the_checkpointing_job_and_requeues_l
     notices, url = ec2
     config = {"provider": "aws", "metadata_url": url, "node": "gpu-1", "margin": 10}
     clock = {"now": IN_TWO_MINUTES.timestamp() - 120}
-    worker = agent.Agent(config, agent.AwsSource(config), clock=lambda: clock["now"])
+    worker = an_agent(agent, config, clock=lambda: clock["now"])
     worker.step()
     # No notice: nothing asked of Slurm but, once, whether the node is drained by a notice it came back from.
     assert agent.slurm.calls == [("sinfo", "--noheader", "--nodes", "gpu-1", "--format=%E")]
@@ -145,7 +150,7 @@ def test_a_rebalance_recommendation_leaves_the_node_in_service(agent, ec2):
     and billed. It is logged; the spot interruption notice follows if EC2 does reclaim the instance."""
     notices, url = ec2
     config = {"provider": "aws", "metadata_url": url, "node": "gpu-1"}
-    worker = agent.Agent(config, agent.AwsSource(config))
+    worker = an_agent(agent, config)
     notices["rebalance"] = {"noticeTime": "2026-12-01T10:00:00Z"}
     worker.step()
     worker.step()
@@ -169,7 +174,7 @@ def test_an_ec2_scheduled_reboot_drains_checkpoints_and_the_node_returns_after_i
     done = {**event, "Code": "instance-stop", "EventId": "instance-event-1", "State": "completed"}
     notices["maintenance"] = [event, done]
     config = {"provider": "aws", "metadata_url": url, "node": "gpu-1"}
-    worker = agent.Agent(config, agent.AwsSource(config))
+    worker = an_agent(agent, config)
     worker.step()
     reason = (
         f"clusterbake: reboot at {IN_TWO_MINUTES:%Y-%m-%dT%H:%M:%SZ} (EC2 scheduled event system-reboot "
@@ -180,7 +185,7 @@ def test_an_ec2_scheduled_reboot_drains_checkpoints_and_the_node_returns_after_i
     notices["maintenance"] = [{**event, "State": "completed"}]
     agent.slurm.calls.clear()
     agent.slurm.reason = reason
-    agent.Agent(config, agent.AwsSource(config)).step()
+    an_agent(agent, config).step()
     assert agent.slurm.calls[-1] == ("scontrol", "update", "NodeName=gpu-1", "State=RESUME")
 
 
@@ -189,14 +194,14 @@ def test_after_an_azure_reboot_the_node_drained_for_it_returns_and_a_reclaimed_o
     config = {"provider": "azure", "metadata_url": url, "node": "gpu-1"}
     rebooted = "clusterbake: reboot at 2026-12-01T10:02:00Z (Azure reboot, scheduled event E1; the machine returns)"
     agent.slurm.reason = rebooted
-    agent.Agent(config, agent.AzureSource(config)).step()
+    an_agent(agent, config).step()
     assert agent.slurm.calls[-1] == ("scontrol", "update", "NodeName=gpu-1", "State=RESUME")
     assert "back after reboot at 2026-12-01T10:02:00Z" in agent.LOG.read_text()
     agent.slurm.calls.clear()
     agent.slurm.reason = "clusterbake: spot reclaim at 2026-12-01T10:02:00Z (Azure spot eviction, scheduled event E2)"
-    agent.Agent(config, agent.AzureSource(config)).step()
+    an_agent(agent, config).step()
     agent.slurm.reason = "disk swap on Monday"  # a person's drain
-    agent.Agent(config, agent.AzureSource(config)).step()
+    an_agent(agent, config).step()
     assert not [c for c in agent.slurm.calls if c[:2] == ("scontrol", "update")]
 
 
@@ -215,7 +220,7 @@ def test_azure_preempt_is_acknowledged_once_the_jobs_are_off_the_node(agent, azu
          "Description": "", "EventSource": "Platform", "DurationInSeconds": -1},
     ]  # fmt: skip
     config = {"provider": "azure", "metadata_url": url, "node": "gpu-1"}
-    worker = agent.Agent(config, agent.AzureSource(config))
+    worker = an_agent(agent, config)
     worker.step()
     reason = (
         f"clusterbake: spot reclaim at {not_before:%Y-%m-%dT%H:%M:%SZ} "
@@ -235,7 +240,7 @@ def test_the_local_stand_in_reads_the_file_node_interrupt_writes(agent, tmp_path
     notice = tmp_path / "notice.json"
     monkeypatch.setattr(agent, "LOCAL_NOTICE", notice)
     config = {"provider": "local", "node": "cpu-1"}
-    worker = agent.Agent(config, agent.LocalSource(config))
+    worker = an_agent(agent, config)
     worker.step()
     agent.slurm.calls.clear()  # the look at an earlier drain (none)
     notice.write_text(json.dumps({"action": "terminate", "time": "2026-12-01T10:02:00Z"}))

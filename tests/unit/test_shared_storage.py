@@ -176,6 +176,20 @@ AZURE_FILES_MOUNT = [
 ]
 
 
+LNET = "/etc/modprobe.d/lnet.conf"
+
+
+def units(*names: str) -> list[str]:
+    """The mount units' paths of `names` (systemd-escaped names)."""
+    return [f"/etc/systemd/system/{name}.mount" for name in names]
+
+
+def cloud_service_mounts(mounts: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The [Mount] sections of the efs entry (home) and the azure_files entry (datasets)."""
+    home, datasets = units("home", "datasets")
+    return mount_section(mounts[home]), mount_section(mounts[datasets])
+
+
 # --- compute nodes ----------------------------------------------------------------
 
 
@@ -184,16 +198,8 @@ def test_compute_nodes_mount_efs_azure_files_and_the_heads_exports(run):
         mounts = decoded(run["bundles"][host]["mounts"])
         # One unit per efs, azure_files and nfs entry (cloud services first), then amlfs_client's part (its LNet
         # settings and the Lustre unit); none for hostdir, fsx_lustre (lustre_client's files) or azure_blob.
-        assert list(mounts) == [
-            "/etc/systemd/system/home.mount",
-            "/etc/systemd/system/datasets.mount",
-            "/etc/systemd/system/shared.mount",
-            "/etc/systemd/system/shared-data\\x2d2026.mount",
-            "/etc/modprobe.d/lnet.conf",
-            "/etc/systemd/system/lustre.mount",
-        ]
-        assert mount_section(mounts["/etc/systemd/system/home.mount"]) == EFS_MOUNT
-        assert mount_section(mounts["/etc/systemd/system/datasets.mount"]) == AZURE_FILES_MOUNT
+        assert list(mounts) == [*units("home", "datasets", "shared", "shared-data\\x2d2026"), LNET, *units("lustre")]
+        assert cloud_service_mounts(mounts) == (EFS_MOUNT, AZURE_FILES_MOUNT)
         docs = "https://learn.microsoft.com/azure/storage/files/storage-files-how-to-mount-nfs-shares"
         assert f"Documentation={docs}" in mounts["/etc/systemd/system/datasets.mount"]
         assert mount_section(mounts["/etc/systemd/system/shared.mount"]) == [
@@ -278,14 +284,8 @@ def test_fsx_lustre_entries_go_through_lustre_client_on_every_node(run):
 
 def test_head_mounts_efs_and_azure_files_but_not_its_own_exports(run):
     mounts = decoded(run["bundles"]["head"]["mounts"])
-    assert list(mounts) == [
-        "/etc/systemd/system/home.mount",
-        "/etc/systemd/system/datasets.mount",
-        "/etc/modprobe.d/lnet.conf",
-        "/etc/systemd/system/lustre.mount",
-    ]
-    assert mount_section(mounts["/etc/systemd/system/home.mount"]) == EFS_MOUNT
-    assert mount_section(mounts["/etc/systemd/system/datasets.mount"]) == AZURE_FILES_MOUNT
+    assert list(mounts) == [*units("home", "datasets"), LNET, *units("lustre")]
+    assert cloud_service_mounts(mounts) == (EFS_MOUNT, AZURE_FILES_MOUNT)
 
 
 def test_head_exports_the_nfs_entries_with_root_squash(run):

@@ -26,6 +26,8 @@ PLUGIN_PACKER = (1, 7, 0)
 BUILD_PACKER = (1, 10, 0)
 # Where a template takes its plugin-only settings (packer/plugins/<source type>.plugin-settings.hcl).
 MARKER = "# clusterbake:plugin-settings"
+# The cloud images' templates: their one build (cloud.pkr.hcl) names both sources.
+CLOUD_TEMPLATES = ("aws.pkr.hcl", "azure.pkr.hcl", "cloud.pkr.hcl")
 
 
 @dataclass
@@ -149,8 +151,9 @@ def stage_template(
     template: str, dest: Path | str, root: Path | None = None, plugin_settings: str | None = None
 ) -> Path:
     """A template directory for Packer >= 1.7: packer/<template> (with packer/plugins/<plugin_settings>
-    inserted at its marker line, when given), the shared variables (ansible.pkr.hcl) and the plugin
-    requirements. Paths in it point back to the checkout (var.repo_root)."""
+    inserted at its marker line, when given), the other cloud templates (the build of cloud.pkr.hcl
+    names every cloud source), the shared variables (ansible.pkr.hcl) and the plugin requirements.
+    Paths in it point back to the checkout (var.repo_root)."""
     root = root or repo_root()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -164,6 +167,9 @@ def stage_template(
         lines[marked[0] : marked[0] + 1] = [settings if settings.endswith("\n") else settings + "\n"]
         text = "".join(lines)
     (dest / template).write_text(text)
+    for other in CLOUD_TEMPLATES:
+        if other != template:
+            shutil.copyfile(root / "packer" / other, dest / other)
     shutil.copyfile(root / "packer/ansible.pkr.hcl", dest / "ansible.pkr.hcl")
     shutil.copyfile(root / "packer/plugins/required_plugins.pkr.hcl", dest / "required_plugins.pkr.hcl")
     return dest

@@ -59,6 +59,38 @@ class Machine:
         return self.state in (NodeState.PENDING, NodeState.RUNNING)
 
 
+@dataclass(frozen=True)
+class RecordFields:
+    """Where a cloud's own record of a machine keeps what Machine holds: record keys, the cloud's word
+    for its state (`state`) and that word's NodeState (`states`, UNKNOWN for any other)."""
+
+    id: str
+    label: str
+    address: str
+    size: str
+    state: Callable[[dict], str]
+    states: dict[str, NodeState]
+    image: str | None = None
+
+    def machines(self, records: dict[str, dict]) -> dict[str, Machine]:
+        """The records by node name as Machines."""
+        return {name: self.machine(name, record) for name, record in records.items()}
+
+    def machine(self, name: str, record: dict) -> Machine:
+        word = self.state(record)
+        return Machine(
+            name=name,
+            id=record[self.id],
+            label=record[self.label],
+            address=record.get(self.address),
+            size=record[self.size],
+            state=self.states.get(word, NodeState.UNKNOWN),
+            state_text=word,
+            image=record.get(self.image) if self.image else None,
+            record=record,
+        )
+
+
 def cloud_errors(method: Callable) -> Callable:
     """Run a provider method inside its SDK's error translation (CloudProvider.sdk_errors)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from clusterbake.progress import say
 from clusterbake.providers.aws import tags
 from clusterbake.providers.aws.api import paginate
-from clusterbake.providers.cloud import Machine, NodeState
+from clusterbake.providers.cloud import Machine, NodeState, RecordFields
 
 PAGE_SIZE = 1000  # DescribeInstances' largest page
 LIVE = ("pending", "running", "stopping", "stopped")
@@ -57,24 +57,6 @@ def host_vars(instance: dict) -> dict:
     }
 
 
-def machines_of(instances: dict[str, dict]) -> dict[str, Machine]:
-    """Instances by node name as the cloud providers' machine records."""
-    return {
-        name: Machine(
-            name=name,
-            id=instance["InstanceId"],
-            label=instance["InstanceId"],
-            address=instance.get("PrivateIpAddress"),
-            size=instance["InstanceType"],
-            state=INSTANCE_STATES.get(instance["State"]["Name"], NodeState.UNKNOWN),
-            state_text=instance["State"]["Name"],
-            image=instance.get("ImageId"),
-            record=instance,
-        )
-        for name, instance in instances.items()
-    }
-
-
 INSTANCE_STATES = {
     "pending": NodeState.PENDING,
     "running": NodeState.RUNNING,
@@ -82,3 +64,19 @@ INSTANCE_STATES = {
     "stopped": NodeState.STOPPED,
     "shutting-down": NodeState.STOPPING,
 }
+
+# Where an EC2 instance (DescribeInstances) keeps what a Machine holds.
+INSTANCE_FIELDS = RecordFields(
+    id="InstanceId",
+    label="InstanceId",
+    address="PrivateIpAddress",
+    size="InstanceType",
+    state=lambda instance: instance["State"]["Name"],
+    states=INSTANCE_STATES,
+    image="ImageId",
+)
+
+
+def machines_of(instances: dict[str, dict]) -> dict[str, Machine]:
+    """Instances by node name as the cloud providers' machine records."""
+    return INSTANCE_FIELDS.machines(instances)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from clusterbake.providers.azure import tags
 from clusterbake.providers.azure.api import Clients, get_or_none
-from clusterbake.providers.cloud import Machine, NodeState
+from clusterbake.providers.cloud import Machine, NodeState, RecordFields
 
 
 def cluster_vms(clients: Clients, cluster: str, groups: list[str], power: bool = False) -> dict[str, dict]:
@@ -54,18 +54,12 @@ POWER_STATES = {
 }
 
 
+# Where a VM record (cluster_vms) keeps what a Machine holds; its power state is read only when asked.
+VM_FIELDS = RecordFields(
+    id="id", label="name", address="address", size="size", state=lambda vm: str(vm.get("power")), states=POWER_STATES
+)
+
+
 def machines_of(vms: dict[str, dict]) -> dict[str, Machine]:
     """VM records (AzureProvider.cluster_vms) as the cloud providers' machine records."""
-    return {
-        name: Machine(
-            name=name,
-            id=vm["id"],
-            label=vm["name"],
-            address=vm.get("address"),
-            size=vm["size"],
-            state=POWER_STATES.get(vm.get("power") or "", NodeState.UNKNOWN),
-            state_text=str(vm.get("power")),
-            record=vm,
-        )
-        for name, vm in vms.items()
-    }
+    return VM_FIELDS.machines(vms)
