@@ -33,3 +33,21 @@ def power_program(monkeypatch, state: Path) -> ModuleType:
         importlib.import_module(f"clusterbake_power.{name}")
     monkeypatch.setattr(package.core, "STATE", state)
     return package
+
+
+def power_settings(**changes) -> dict:
+    """What every power.json holds, as role slurm_power writes it from the schema's defaults (an
+    inventory of a cluster without elastic nodes), then `changes`."""
+    from clusterbake.config import PowerConfig, RecoveryConfig
+
+    power, recovery = PowerConfig(), RecoveryConfig()
+    return {
+        "provider": "local",
+        "elastic_nodes": [],
+        "static_nodes": [],
+        "replace_lost_nodes": recovery.replace_lost_nodes,
+        "failed_node_cooldown": power.failed_node_cooldown,
+        "resume_timeout": power.effective_resume_timeout(False),
+        "orphan_grace": power.orphan_grace,
+        "capacity_cooldown": power.capacity_cooldown,
+    } | changes

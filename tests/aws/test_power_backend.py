@@ -395,7 +395,9 @@ def test_reconcile_returns_a_node_a_failed_resume_left_down(program, tmp_path, m
         "node_states",
         lambda: {"gpu-2": {"state": state, "reason": reason, "since": "2020-01-01T00:00:00"}},
     )
-    config = {"provider": "aws", "elastic_nodes": ["gpu-2"], "failed_node_cooldown": 15, "log": str(tmp_path / "log")}
+    config = programs.power_settings(
+        provider="aws", elastic_nodes=["gpu-2"], failed_node_cooldown=15, log=str(tmp_path / "log")
+    )
     assert program.commands.reconcile(config) == 0
     assert backend.stopped == ["gpu-2"]
     assert calls == [("update", "NodeName=gpu-2", action)]

@@ -33,13 +33,9 @@ def program(tmp_path, monkeypatch):
     module = programs.power_program(monkeypatch, tmp_path / "state.json")
     updates: list[tuple[str, ...]] = []
     monkeypatch.setattr(module.core, "scontrol", lambda *args: updates.append(args) or "")
-    config = {
-        "static_nodes": ["cpu-1", "cpu-2", "cpu-3"],
-        "elastic_nodes": [],
-        "replace_lost_nodes": True,
-        "failed_node_cooldown": 300,
-        "log": str(tmp_path / "power.log"),
-    }
+    config = programs.power_settings(
+        static_nodes=["cpu-1", "cpu-2", "cpu-3"], failed_node_cooldown=300, log=str(tmp_path / "power.log")
+    )
     # What the tests use: the function, the scontrol calls it made, the config it is given.
     return SimpleNamespace(replace_lost_nodes=module.commands.replace_lost_nodes, updates=updates, config=config)
 

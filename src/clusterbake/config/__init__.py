@@ -81,6 +81,7 @@ from clusterbake.config.nodes import (  # noqa: F401
     LOCAL_SIZING_KEYS,
     MAX_GROUP_NODES,
     MAX_PLACEHOLDER_GPUS,
+    PROVIDER_ONLY_KEYS,
     SLURM_TIME_PATTERN,
     HeadConfig,
     NodeGroup,
@@ -217,14 +218,12 @@ class ClusterConfig(Strict):
     def _check_aws(self) -> None:
         if self.aws is None:
             raise ValueError("aws: required with provider aws (region, vpc_id, subnet_id, ssh_cidrs, ...)")
-        for _ in self._cloud_sections(
+        self._check_cloud_sections(
             "aws",
             AWS_INSTANCE_TYPE_PATTERN,
             ("e.g. m7i.2xlarge", ", or instance_types: [...] in order of preference"),
             ("an EC2 instance type (e.g. m7i.2xlarge)", "instance type"),
-            foreign={"infiniband": "only for provider azure (on aws: efa); remove it"},
-        ):
-            pass  # the checks run as the sections are read; aws has no others
+        )
 
     def _check_azure(self) -> None:
         if self.azure is None:
@@ -242,24 +241,17 @@ class ClusterConfig(Strict):
             raise ValueError(
                 f"azure.{missing}: required (the existing subnet: subnet_id, or vnet_name and subnet_name)"
             )
-        for field, section in self._cloud_sections(
+        self._check_cloud_sections(
             "azure",
             AZURE_VM_SIZE_PATTERN,
             ("a VM size, e.g. Standard_D4s_v5", ""),
             ("an Azure VM size (Standard_<name>, e.g. Standard_ND96isr_H100_v5)", "VM size"),
-        ):
-            if not isinstance(section, NodeGroup):
-                continue
-            for key, what in (
-                ("efa", "aws's EFA; Azure's fabric is InfiniBand: use infiniband"),
-                ("capacity_reservation_id", "aws capacity reservations"),
-            ):
-                if key in section.model_fields_set:
-                    raise ValueError(f"{field}.{key}: {what}; remove it")
-            if section.existing_placement_group:
+        )
+        for index, group in enumerate(self.node_groups):
+            if group.existing_placement_group:
                 raise ValueError(
-                    f"{field}.placement_group: on azure true or false (the group's own proximity placement group), "
-                    "not the name of an existing one"
+                    f"node_groups.{index}.placement_group: on azure true or false (the group's own proximity "
+                    "placement group), not the name of an existing one"
                 )
         for index, entry in enumerate(self.storage or []):
             if isinstance(entry, AmlfsStorage) and entry.mgs_address is None and not (entry.zone or azure.zone):
@@ -268,21 +260,13 @@ class ClusterConfig(Strict):
                     "zone (or azure.zone) to 1, 2 or 3"
                 )
 
-    def _cloud_sections(
-        self,
-        provider: str,
-        pattern: str,
-        required: tuple[str, str],
-        kind: tuple[str, str],
-        foreign: dict[str, str] | None = None,
-    ):
+    def _check_cloud_sections(self, provider: str, pattern: str, required: tuple[str, str], kind: tuple[str, str]):
         """The checks every cloud provider makes: an Ubuntu image.base, the Slurm plugins, and each
-        section's (head, node_groups.N) instance_type (`pattern`) and no local sizing keys; yields
-        (field, section) after each section's checks, for the provider's own.
+        section's (head, node_groups.N) instance_type (`pattern`) and no key of another provider
+        (PROVIDER_ONLY_KEYS).
 
         required: the hint when instance_type is missing, and what node groups may give instead;
-        kind: what instance_type must be (for the message), and what the sizes come from;
-        foreign: keys of other providers, refused with their message (before the sizing keys).
+        kind: what instance_type must be (for the message), and what the sizes come from.
         """
         if not self.image.base.startswith("ubuntu-"):
             label = {"aws": "AWS", "azure": "Azure"}[provider]
@@ -300,19 +284,13 @@ class ClusterConfig(Strict):
                 raise ValueError(f"{field}.instance_type: required with provider {provider} ({hint}){instead}")
             if not re.fullmatch(pattern, section.instance_type):
                 raise ValueError(f"{field}.instance_type: {section.instance_type} is not {what}")
-            for key, message in (foreign or {}).items():
-                if key in section.model_fields_set:
-                    raise ValueError(f"{field}.{key}: {message}")
             for index, value in enumerate(getattr(section, "instance_types", None) or []):
                 if not re.fullmatch(pattern, value):
                     raise ValueError(f"{field}.instance_types.{index}: {value} is not {what}")
-            for key in LOCAL_SIZING_KEYS:
-                if key in section.model_fields_set:
-                    raise ValueError(
-                        f"{field}.{key}: only for provider local; on {provider} CPUs, sockets and memory come "
-                        f"from the {source} ({section.instance_type}); remove it"
-                    )
-            yield field, section
+            for key, (providers, message) in PROVIDER_ONLY_KEYS.items():
+                if key in section.model_fields_set and provider not in providers:
+                    said = message.format(provider=provider, source=source, instance_type=section.instance_type)
+                    raise ValueError(f"{field}.{key}: {said}")
 
     def _check_slurm_plugins(self) -> None:
         """No cgroup plugin where the image's Slurm cannot run one (SLURM_WITHOUT_CGROUP_V2)."""

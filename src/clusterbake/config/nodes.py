@@ -19,6 +19,19 @@ AZURE_VM_SIZE_PATTERN = r"^(Standard|Basic)_[A-Za-z0-9_]+$"
 INSTANCE_TYPE_PATTERN = f"({AWS_INSTANCE_TYPE_PATTERN})|({AZURE_VM_SIZE_PATTERN})"
 # Sizing keys that only the local provider reads: on AWS the instance type decides them.
 LOCAL_SIZING_KEYS = ("cpus", "memory_mb", "sockets", "threads_per_core", "gpus", "gpu_type")
+# Keys of a node section (head, node_groups.N) that only some providers take, and what to say on
+# another: (the providers, the message; {provider}, {source} and {instance_type} filled in). The
+# local provider takes the clouds' fabric keys as feature switches.
+_SIZING_MESSAGE = (
+    "only for provider local; on {provider} CPUs, sockets and memory come from the {source} ({instance_type}); "
+    "remove it"
+)
+PROVIDER_ONLY_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
+    "infiniband": (("azure", "local"), "only for provider azure (on aws: efa); remove it"),
+    "efa": (("aws", "local"), "aws's EFA; Azure's fabric is InfiniBand: use infiniband; remove it"),
+    "capacity_reservation_id": (("aws", "local"), "aws capacity reservations; remove it"),
+    **{key: (("local",), _SIZING_MESSAGE) for key in LOCAL_SIZING_KEYS},
+}
 MAX_PLACEHOLDER_GPUS = 16
 MAX_GROUP_NODES = 4096
 

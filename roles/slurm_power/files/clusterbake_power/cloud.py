@@ -37,7 +37,7 @@ class CloudBackend:
         self.settings = config[self.section]
         self.cluster: str = self.settings["cluster"]
         self.groups: dict[str, dict] = self.settings["groups"]
-        self.cooldown = float(config.get("capacity_cooldown", 600))
+        self.cooldown = float(config["capacity_cooldown"])
         self.sleep = sleep
         self.clock = clock
 

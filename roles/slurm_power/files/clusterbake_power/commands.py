@@ -82,7 +82,8 @@ def resume_fail(config: dict, hostlist: str) -> int:
 
 def wait_nodes(config: dict) -> int:
     nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
-    deadline = time.monotonic() + float(config.get("resume_timeout", 600))
+    # Without the program's settings (no power.json: no elastic node) there is nothing to wait for.
+    deadline = time.monotonic() + float(config.get("resume_timeout", 0))
     while nodelist and time.monotonic() < deadline:
         shown = subprocess.run(["scontrol", "show", "node", "-o", nodelist], capture_output=True, text=True)
         if shown.returncode == 0 and not NOT_READY.search(shown.stdout):
@@ -120,7 +121,7 @@ def reconcile(config: dict) -> int:
     memory = read_state()
     orphans_seen: dict[str, float] = memory.get("orphans", {})
     now = time.time()
-    elastic = set(config.get("elastic_nodes", []))
+    elastic = set(config["elastic_nodes"])
     for name in sorted(elastic):
         info = states.get(name)
         if info is None:
@@ -128,7 +129,7 @@ def reconcile(config: dict) -> int:
         powered_down = "powered_down" in info["state"] or info["state"].endswith("~")
         if powered_down and name in running and "powering_down" not in info["state"]:
             first = orphans_seen.setdefault(name, now)
-            if now - first >= config.get("orphan_grace", 120):
+            if now - first >= config["orphan_grace"]:
                 log(config, f"reconcile: {name} runs although Slurm powered it down: stopping it")
                 power.power("stop", [name])
                 orphans_seen.pop(name, None)
@@ -139,7 +140,7 @@ def reconcile(config: dict) -> int:
             info["state"].startswith("down")
             and info["reason"].startswith(RESUME_FAILED)
             and age is not None
-            and age >= config.get("failed_node_cooldown", 300)
+            and age >= config["failed_node_cooldown"]
         ):
             log(config, f"reconcile: {name} down since {info['since']} ({info['reason']}): back to service")
             power.power("stop", [name])
@@ -163,11 +164,11 @@ def replace_lost_nodes(config: dict, states: dict, power, running: set[str], los
     alone; one that clusterbake drained (a spot notice, a health check) is replaced too: the new
     machine is checked again when it joins. Returns the nodes being brought back: name -> time
     of the last start."""
-    if not config.get("replace_lost_nodes"):
+    if not config["replace_lost_nodes"]:
         return {}
-    retry = float(config.get("failed_node_cooldown", 300))
+    retry = float(config["failed_node_cooldown"])
     kept = {}
-    for name in sorted(config.get("static_nodes", [])):
+    for name in sorted(config["static_nodes"]):
         info = states.get(name)
         if info is None or name in running:
             continue  # running (it registers by itself), or unknown to Slurm
@@ -212,7 +213,11 @@ def main(argv: list[str]) -> int:
             return reconcile(config)
         if command == "wait-nodes":
             return wait_nodes(config)
-    except (PowerError, OSError, KeyError, ValueError) as exc:
+    except KeyError as exc:
+        # Role slurm_power writes every setting; a key missing means another power.json.
+        log(config, f"{command}: {CONFIG} has no {exc} (written by role slurm_power: run `clusterbake cluster up`)")
+        return 1
+    except (PowerError, OSError, ValueError) as exc:
         log(config, f"{command}: {exc}")
         return 1
     print(
