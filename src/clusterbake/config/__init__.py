@@ -62,8 +62,6 @@ from clusterbake.config.cluster import (  # noqa: F401
     _plugin_default_text,
 )
 from clusterbake.config.image import (  # noqa: F401
-    _GUID,
-    _RESOURCE_GROUP,
     AWS_IMAGE_FEATURES,
     AZURE_IMAGE_FEATURES,
     AZURE_SOURCE_IMAGES,

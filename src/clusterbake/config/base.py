@@ -1,4 +1,4 @@
-"""What every part of the schema shares: the strict model base, the name pattern, the default file."""
+"""What every part of the schema shares: the strict model base, the name and Azure id patterns, the default file."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ DEFAULT_CONFIG = "clusterbake.yaml"
 # Names end up in hostnames, Slurm node names and network device names.
 NAME_PATTERN = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=24)]
+# Azure's identifiers, used by the azure: section and the Azure image's settings.
+GUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+RESOURCE_GROUP_PATTERN = r"^[-\w.()]{0,89}[-\w()]$"
 
 
 class Strict(BaseModel):

@@ -11,7 +11,7 @@ from pydantic import (
     model_validator,
 )
 
-from clusterbake.config.base import Strict
+from clusterbake.config.base import GUID_PATTERN, RESOURCE_GROUP_PATTERN, Strict
 from clusterbake.config.storage import SUBNET_ID_PATTERN, zone_as_text
 
 
@@ -108,8 +108,6 @@ class AwsConfig(Strict):
         return check_cidrs(values)
 
 
-GUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-RESOURCE_GROUP_PATTERN = r"^[-\w.()]{0,89}[-\w()]$"
 AZURE_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,78}[A-Za-z0-9_])?$"
 # Azure refuses these as a VM's admin user name (its documented list, case-insensitive).
 AZURE_RESERVED_USERS = frozenset(

@@ -9,7 +9,7 @@ from pydantic import (
     model_validator,
 )
 
-from clusterbake.config.base import Strict
+from clusterbake.config.base import GUID_PATTERN, RESOURCE_GROUP_PATTERN, Strict
 
 # The image base when the config names none. AWS: Ubuntu 24.04 (Slurm 23.11, which has the
 # cgroup/v2 plugin that Ubuntu's cgroup-v2-only boot needs; see SLURM_PLUGIN_DEFAULTS).
@@ -29,8 +29,6 @@ AZURE_SOURCE_IMAGES = {
     "ubuntu-24.04": "Canonical:ubuntu-24_04-lts:server:latest",
     "ubuntu-22.04": "Canonical:0001-com-ubuntu-server-jammy:22_04-lts-gen2:latest",
 }
-_GUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-_RESOURCE_GROUP = r"^[-\w.()]{0,89}[-\w()]$"
 
 
 def build_vm_field(default: str, pattern: str, noun: str, kind: str):
@@ -75,18 +73,18 @@ class AwsImageBuild(Strict):
 class AzureImageBuild(Strict):
     """image.azure: how `clusterbake image build` bakes the managed image (Packer azure-arm)."""
 
-    subscription_id: str | None = Field(None, pattern=_GUID, description="Default: azure.subscription_id.")
+    subscription_id: str | None = Field(None, pattern=GUID_PATTERN, description="Default: azure.subscription_id.")
     location: str | None = Field(
         None, pattern=r"^[a-z][a-z0-9]+$", description="Region of the build VM and the image; default: azure.location."
     )
     resource_group: str | None = Field(
         None,
-        pattern=_RESOURCE_GROUP,
+        pattern=RESOURCE_GROUP_PATTERN,
         description="Existing resource group the managed image is stored in; default: azure.resource_group.",
     )
     build_resource_group: str | None = Field(
         None,
-        pattern=_RESOURCE_GROUP,
+        pattern=RESOURCE_GROUP_PATTERN,
         description="Existing resource group for the build VM; default: Packer creates a temporary one.",
     )
     vm_size: str = build_vm_field("Standard_NC4as_T4_v3", r"^(Standard|Basic)_[A-Za-z0-9_]+$", "VM size", "size")
@@ -112,7 +110,7 @@ class AzureImageBuild(Strict):
         "version); default: the managed image only.",
     )
     gallery_resource_group: str | None = Field(
-        None, pattern=_RESOURCE_GROUP, description="Resource group of gallery_name; default: resource_group."
+        None, pattern=RESOURCE_GROUP_PATTERN, description="Resource group of gallery_name; default: resource_group."
     )
     gallery_image_name: str | None = Field(
         None,
@@ -129,9 +127,11 @@ class AzureImageBuild(Strict):
         "in $AZURE_CLIENT_SECRET, never in this file) or managed_identity (of the machine running clusterbake).",
     )
     client_id: str | None = Field(
-        None, pattern=_GUID, description="Service principal (app id) of auth service_principal."
+        None, pattern=GUID_PATTERN, description="Service principal (app id) of auth service_principal."
     )
-    tenant_id: str | None = Field(None, pattern=_GUID, description="Tenant of client_id; default: the subscription's.")
+    tenant_id: str | None = Field(
+        None, pattern=GUID_PATTERN, description="Tenant of client_id; default: the subscription's."
+    )
     features: list[str] = build_features_field(AZURE_IMAGE_FEATURES)
     validate_gpu: bool = Field(True, description="Check the GPU stack on the build VM (it has an NVIDIA GPU).")
     validate_ib: bool = Field(
