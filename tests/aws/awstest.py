@@ -47,8 +47,9 @@ class Moto:
             aws_secret_access_key="testing",
         )
 
-    def limit_capacity(self, limits: dict[str, int] | None) -> None:
-        """Make RunInstances fail with InsufficientInstanceCapacity beyond `limits` (None: no limit)."""
+    def limit_capacity(self, limits: dict[str, int | dict] | None) -> None:
+        """Make RunInstances fail beyond `limits` (None: no limit): per type a count (the error is
+        InsufficientInstanceCapacity) or {"count": N, "code": one of moto_ext.CAPACITY_MESSAGES}."""
         if limits is None:
             self.capacity_file.unlink(missing_ok=True)
         else:

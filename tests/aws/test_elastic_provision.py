@@ -262,6 +262,20 @@ def test_program_falls_over_to_the_next_type_when_ec2_has_no_capacity(moto, elas
     assert state["capacity"]["c7a.large"]["code"] == "InsufficientInstanceCapacity"
 
 
+@pytest.mark.parametrize("code", ["VcpuLimitExceeded", "Unsupported"])
+def test_program_falls_over_on_a_vcpu_quota_or_a_type_the_zone_does_not_offer(moto, elastic, program, code):
+    """EC2 says "no" in more ways than InsufficientInstanceCapacity (the twin's capacity takes the code)."""
+    _, backend, tmp = program
+    moto.limit_capacity({"c7a.large": {"count": 0, "code": code}})
+    try:
+        assert backend.power("start", ["burst-3"]) == {"burst-3": "ok"}
+    finally:
+        moto.limit_capacity(None)
+    assert _instances(moto)["burst-3"]["InstanceType"] == "m7a.large"
+    assert f"resume burst-3: c7a.large: {code}: " in (tmp / "power.log").read_text()
+    assert backend.power("stop", ["burst-3"]) == {"burst-3": "ok"}
+
+
 def test_program_reports_the_ec2_error_when_no_type_has_capacity(moto, elastic, program):
     _, backend, _ = program
     moto.limit_capacity({"c7a.large": 0, "m7a.large": 0})

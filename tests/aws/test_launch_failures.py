@@ -62,6 +62,21 @@ def test_capacity_error_midway_terminates_everything_this_run_launched(moto, net
     assert ec2.describe_security_groups(Filters=tagged)["SecurityGroups"] == []
 
 
+def test_a_vcpu_quota_is_said_as_a_capacity_problem_with_what_to_try(moto, network, tmp_path):
+    write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
+    config = _config(network, "quota", gpu_count=1)
+    moto.limit_capacity({"p4d.24xlarge": {"count": 0, "code": "VcpuLimitExceeded"}})
+    try:
+        result = run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only", check=False)
+    finally:
+        moto.limit_capacity(None)
+    assert result.returncode == 1
+    assert "VcpuLimitExceeded: You have requested more vCPU capacity than your current vCPU limit" in result.stderr
+    assert "try again later, another subnet (Availability Zone), a capacity reservation" in result.stderr
+    assert live_instances(moto.ec2(), "quota") == []
+    run_cb(moto, tmp_path, config, "cluster", "down")
+
+
 def test_failed_growth_keeps_the_nodes_that_existed_before(moto, network, tmp_path, capacity):
     write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     run_cb(moto, tmp_path, _config(network, "grow", gpu_count=1), "cluster", "up", "--provision-only")

@@ -182,9 +182,24 @@ def test_capacity_fallover_order_and_cool_down(program, tmp_path):
     assert "resume gpu-3: p4d.24xlarge skipped until" in log
 
 
-@pytest.mark.parametrize(
-    "code", ["InsufficientCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded"]
-)
+# EC2's capacity codes of RunInstances (API reference, "Error codes"; realcloud review A6: the vCPU
+# quota, a type not offered in the zone, Spot and reservation capacity), besides
+# InsufficientInstanceCapacity (the test above).
+CAPACITY_CODES = [
+    "InsufficientCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity",
+    "ReservationCapacityExceeded",
+    "VcpuLimitExceeded",
+    "InstanceLimitExceeded",
+    "Unsupported",
+    "UnfulfillableCapacity",
+    "MaxSpotInstanceCountExceeded",
+    "SpotMaxPriceTooLow",
+]
+
+
+@pytest.mark.parametrize("code", CAPACITY_CODES)
 def test_every_capacity_error_falls_over(program, tmp_path, code):
     client = ec2_client()
     backend = _backend(program, tmp_path, client)
@@ -193,6 +208,14 @@ def test_every_capacity_error_falls_over(program, tmp_path, code):
         stub.add_client_error("run_instances", code, "no")
         stub.add_response("run_instances", _launched("i-0000000000000000b", "p4de.24xlarge"))
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
+
+
+def test_the_program_the_controller_and_the_twin_know_the_same_capacity_codes(program):
+    from clusterbake.providers.aws.api import CAPACITY_ERRORS
+    from clusterbake.twins.aws.moto_ext import CAPACITY_MESSAGES
+
+    assert program.aws.CAPACITY_ERRORS == CAPACITY_ERRORS == set(CAPACITY_MESSAGES)
+    assert {"InsufficientInstanceCapacity", *CAPACITY_CODES} == CAPACITY_ERRORS
 
 
 def test_other_errors_do_not_fall_over(program, tmp_path):

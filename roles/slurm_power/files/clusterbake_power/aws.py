@@ -9,14 +9,21 @@ import time
 from .cloud import ATTEMPTS, CloudBackend
 from .core import PowerError, log
 
-# RunInstances errors that say "not now, not this type": the next type is tried.
+# RunInstances errors that say "not now, not this type" (EC2 API reference, "Error codes"): the
+# next type is tried. The same set as the controller's (providers/aws/api.py), which a test keeps.
 CAPACITY_ERRORS = frozenset(
     {
         "InsufficientInstanceCapacity",
         "InsufficientCapacity",
-        "SpotMaxPriceTooLow",
-        "MaxSpotInstanceCountExceeded",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "ReservationCapacityExceeded",
+        "VcpuLimitExceeded",
         "InstanceLimitExceeded",
+        "Unsupported",
+        "UnfulfillableCapacity",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
     }
 )
 THROTTLING = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException"})

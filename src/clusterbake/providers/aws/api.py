@@ -20,6 +20,24 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from clusterbake.errors import ClusterbakeError
 
 THROTTLING = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException"})
+# RunInstances' errors that say "not now, not this type" (EC2 API reference, "Error codes", and
+# what ParallelCluster fails over on): a group's launch stops and says what to try, the head's
+# power program (its own copy: clusterbake_power/aws.py) tries the next type.
+CAPACITY_ERRORS = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "ReservationCapacityExceeded",
+        "VcpuLimitExceeded",
+        "InstanceLimitExceeded",
+        "Unsupported",
+        "UnfulfillableCapacity",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+    }
+)
 ATTEMPTS = 8
 BASE_DELAY = 0.5
 MAX_DELAY = 20.0

@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 from clusterbake.errors import ClusterbakeError
 from clusterbake.progress import say
 from clusterbake.providers.aws import tags
-from clusterbake.providers.aws.api import THROTTLING, call, error_code, paginate
+from clusterbake.providers.aws.api import CAPACITY_ERRORS, THROTTLING, call, error_code, paginate
 from clusterbake.providers.aws.iam import call_while_profile_not_ready
 
 # Right after RunInstances, DescribeInstances may not know the new ids yet.
@@ -121,7 +121,7 @@ def _failure_message(group: GroupLaunch, started: int, exc: BaseException, launc
         message += f"; terminated the {len(ids)} instance(s) this run launched ({', '.join(ids)})"
     else:
         message += "; nothing was launched"
-    if error_code(exc) in ("InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow"):
+    if error_code(exc) in CAPACITY_ERRORS:
         message += (
             "; try again later, another subnet (Availability Zone), a capacity reservation "
             "(capacity_reservation_id) or fewer nodes"

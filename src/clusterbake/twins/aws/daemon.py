@@ -470,8 +470,12 @@ class Twin:
             self.capacity_file.unlink(missing_ok=True)
             log("capacity: no limits")
             return {}
-        if not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in limits.items()):
-            raise ValueError('expected {"instance type": count, ...} with counts >= 0')
+        from clusterbake.twins.aws.moto_ext import capacity_limit
+
+        if not isinstance(limits, dict) or not all(isinstance(k, str) for k in limits):
+            raise ValueError('expected {"instance type": count or {"count": N, "code": CODE}, ...}')
+        for value in limits.values():
+            capacity_limit(value)
         tmp = self.capacity_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(limits, sort_keys=True))
         tmp.replace(self.capacity_file)

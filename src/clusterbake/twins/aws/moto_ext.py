@@ -20,9 +20,11 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   such AMIs are remembered and their instances get EC2's defaults, so a launch that leaves
   the hop limit out lets a container one hop behind the node get a token, as on EC2.
 - Capacity: EC2 fails RunInstances with InsufficientInstanceCapacity when a zone has no
-  capacity for a type; moto never does. When the file named by $MOTO_CAPACITY_FILE
-  exists ({"p5.48xlarge": 1}), RunInstances fails with that error once the number of
-  non-terminated instances of the type would exceed the limit.
+  capacity for a type (or another capacity code: a vCPU quota, a type not offered, ...);
+  moto never does. When the file named by $MOTO_CAPACITY_FILE exists ({"p5.48xlarge": 1},
+  or {"p5.48xlarge": {"count": 1, "code": "VcpuLimitExceeded"}}), RunInstances fails with
+  that error once the number of non-terminated instances of the type would exceed the
+  limit, with EC2's message for the code (CAPACITY_MESSAGES).
 - Addresses in use: EC2 refuses RunInstances with InvalidIPAddress.InUse when a requested
   private address is held by another instance's interface in the subnet (an instance
   that is not terminated yet keeps it); moto gives one address to two instances.
@@ -156,6 +158,42 @@ def _apply_launch_template(response: EC2Response) -> None:
         response.params.pop("NetworkInterfaces")
 
 
+# EC2's capacity errors of RunInstances (API reference, "Error codes": errors-overview), with
+# EC2's words; a limit of the capacity file names one (default InsufficientInstanceCapacity).
+CAPACITY_MESSAGES = {
+    "InsufficientInstanceCapacity": "We currently do not have sufficient {type} capacity in the Availability Zone "
+    "you requested. Our system will be working on provisioning additional capacity.",
+    "InsufficientCapacity": "There is not enough capacity to fulfill your request for {type}.",
+    "InsufficientHostCapacity": "There is not enough capacity to fulfill your Dedicated Host request for {type}.",
+    "InsufficientReservedInstanceCapacity": "There is not enough capacity to fulfill your Reserved Instance "
+    "request for {type}.",
+    "ReservationCapacityExceeded": "The requested number of {type} instances exceeds the available capacity of the "
+    "targeted Capacity Reservation.",
+    "VcpuLimitExceeded": "You have requested more vCPU capacity than your current vCPU limit allows for the "
+    "instance bucket that the specified instance type ({type}) belongs to. Please visit "
+    "http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.",
+    "InstanceLimitExceeded": "You have requested more instances than your current instance limit allows for the "
+    "specified instance type ({type}).",
+    "Unsupported": "Your requested instance type ({type}) is not supported in your requested Availability Zone.",
+    "UnfulfillableCapacity": "There is no Spot capacity available that matches your request for {type}.",
+    "MaxSpotInstanceCountExceeded": "Max spot instance count exceeded",
+    "SpotMaxPriceTooLow": "Your Spot request price is lower than the minimum required Spot request fulfillment "
+    "price for {type}.",
+}
+
+
+def capacity_limit(value) -> tuple[int, str]:
+    """(count, error code) of one entry of the capacity file: a count, or {"count", "code"}."""
+    if isinstance(value, dict):
+        count, code = value.get("count"), value.get("code", "InsufficientInstanceCapacity")
+    else:
+        count, code = value, "InsufficientInstanceCapacity"
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0 or code not in CAPACITY_MESSAGES:
+        codes = ", ".join(sorted(CAPACITY_MESSAGES))
+        raise ValueError(f'capacity: expected a count >= 0 or {{"count": N, "code": one of {codes}}}')
+    return count, code
+
+
 def _check_capacity(response: EC2Response) -> None:
     path = os.environ.get("MOTO_CAPACITY_FILE")
     if not path or not os.path.exists(path):
@@ -175,12 +213,9 @@ def _check_capacity(response: EC2Response) -> None:
         for instance in reservation.instances
         if instance.instance_type == instance_type and instance.state != "terminated"
     )
-    if used + count > limits[instance_type]:
-        raise EC2ClientError(
-            "InsufficientInstanceCapacity",
-            f"We currently do not have sufficient {instance_type} capacity in the Availability Zone "
-            "you requested. Our system will be working on provisioning additional capacity.",
-        )
+    limit, code = capacity_limit(limits[instance_type])
+    if used + count > limit:
+        raise EC2ClientError(code, CAPACITY_MESSAGES[code].format(type=instance_type))
 
 
 def _requested_addresses(response: EC2Response) -> list[str]:
