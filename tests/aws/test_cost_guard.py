@@ -17,6 +17,7 @@ import json
 
 import pytest
 from awstest import REGION, example_config, live_instances, run_cb, tag_map
+from botocore.exceptions import ClientError
 
 from clusterbake import cli
 from clusterbake import cluster as cluster_module
@@ -104,6 +105,22 @@ def test_status_counts_the_nodes_and_prices_what_runs(moto, costdemo, in_process
     assert any(line.startswith("  1 x c7i.large spot: $0.00001/h each (EC2 spot price history") for line in text)
     assert text[-1] == "  not included: EBS volumes, EFS/FSx storage, data transfer"
     ec2.start_instances(InstanceIds=[_by_name(ec2)["gpu-2"]["InstanceId"]])
+
+
+def test_a_spot_node_is_not_stopped_as_ec2_would_refuse_it(moto, costdemo, in_process, capsys):
+    """realcloud review A9: EC2 cannot stop a one-time Spot request's instance; neither can the twin."""
+    ec2 = moto.ec2()
+    spot = _by_name(ec2)["cpu-1"]
+    assert spot["InstanceLifecycle"] == "spot"
+    with pytest.raises(ClientError, match="UnsupportedOperation") as refused:
+        ec2.stop_instances(InstanceIds=[spot["InstanceId"]])
+    assert "You can only stop Spot Instances associated with persistent Spot Instance requests" in str(refused.value)
+    # `node stop` says why before it tells Slurm anything (the head is not reachable here: it would fail).
+    assert cli.main(["-c", str(costdemo["path"]), "node", "stop", "cpu-1"]) == 1
+    err = capsys.readouterr().err
+    assert f"node cpu-1: {spot['InstanceId']} is a Spot instance, which EC2 cannot stop" in err
+    assert "`clusterbake node replace cpu-1` gives it a new instance" in err
+    assert _by_name(ec2)["cpu-1"]["State"]["Name"] == "running"
 
 
 def test_down_lists_what_still_bills_and_then_nothing_is_left(moto, network, costdemo):

@@ -495,6 +495,14 @@ class AwsProvider(CloudProvider):
         instance = self._instance(name)
         if instance is None or instance["State"]["Name"] in ("stopped",):
             return
+        if instance.get("InstanceLifecycle") == "spot":
+            # EC2 stops only Spot instances of persistent requests; a group's are one-time. Refused
+            # before Slurm hears of it, so the node stays in service.
+            raise ClusterbakeError(
+                f"node {name}: {instance['InstanceId']} is a Spot instance, which EC2 cannot stop (a one-time "
+                f"Spot request's); `clusterbake node replace {name}` gives it a new instance, or drain it in "
+                f"Slurm (scontrol update NodeName={name} State=DRAIN Reason=...) to take it out of service"
+            )
         self.tell_slurm_down(name, "stopped by clusterbake node stop")
         call(self.client.stop_instances, InstanceIds=[instance["InstanceId"]])
         wait_for_state(self.client, [instance["InstanceId"]], "stopped")

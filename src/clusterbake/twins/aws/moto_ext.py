@@ -59,6 +59,9 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   (`arn:aws:sts::<account>:assumed-role/<name>/<session>`), which on AWS it does: a role
   that trusts another role is assumable from that role's sessions (the jobs role, from the
   nodes' sessions of the node role).
+- One-time Spot: moto stops any instance. EC2 refuses StopInstances for a Spot instance of a
+  one-time request (RunInstances' default, and clusterbake's) with UnsupportedOperation
+  ("You can only stop Spot Instances associated with persistent Spot Instance requests").
 - Console output: moto answers GetConsoleOutput with the same sample text for every instance.
   Here it is the node's own console (what its boot wrote to /dev/console, the last 64 KiB, as
   EC2 keeps), from `CONSOLE_LOG(instance_id)` (the twin's daemon sets it), and nothing before
@@ -244,7 +247,27 @@ def run_instances(self: EC2Response) -> ActionResult:
     _apply_launch_template(self)
     _apply_imds_support(self)
     _check_addresses(self)
-    return _run_instances(self)
+    result = _run_instances(self)
+    if self._get_param("InstanceMarketOptions.MarketType") == "spot":
+        kind = self._get_param("InstanceMarketOptions.SpotOptions.SpotInstanceType") or "one-time"
+        for instance in result.result.instances:
+            instance.spot_instance_type = kind
+    return result
+
+
+_stop_instances = EC2Response.stop_instances
+
+
+def stop_instances(self: EC2Response) -> ActionResult:
+    for instance_id in self._get_param("InstanceIds", []) or []:
+        instance = self.ec2_backend.get_instance(instance_id)
+        if instance.lifecycle == "spot" and getattr(instance, "spot_instance_type", "one-time") != "persistent":
+            raise EC2ClientError(
+                "UnsupportedOperation",
+                f"You can't stop the Spot Instance '{instance_id}' because it is associated with a one-time Spot "
+                "Instance request. You can only stop Spot Instances associated with persistent Spot Instance requests.",
+            )
+    return _stop_instances(self)
 
 
 # The twin's daemon: instance id -> the node's console log (None: not a node of the twin).
@@ -540,6 +563,7 @@ def install() -> None:
             "describe_placement_groups": describe_placement_groups,
             "delete_placement_group": delete_placement_group,
             "run_instances": run_instances,
+            "stop_instances": stop_instances,
             "register_image": register_image,
             "get_console_output": get_console_output,
             "_authenticate_and_authorize_normal_action": authorize_ec2,
