@@ -498,3 +498,52 @@ def test_iam_listings_follow_the_marker():
         )
         assert api.paginate(client, "list_role_policies", "PolicyNames", token_in="Marker", RoleName="r") == ["a", "b"]
         stub.assert_no_pending_responses()
+
+
+def test_a_fresh_accounts_first_spot_launch_needs_the_spot_role_the_controller_makes(tmp_path_factory):
+    """realcloud review A2, with authorization on: a role that may launch instances but not create
+    service-linked roles (the head's) cannot launch the account's first Spot instance, as on EC2;
+    once the controller made AWSServiceRoleForEC2Spot (`cluster up` with a Spot group) it can."""
+    with moto_server(tmp_path_factory.mktemp("moto-spot"), INITIAL_NO_AUTH_ACTION_COUNT="3") as server:
+        admin_iam = server.client("iam")
+        admin_iam.create_user(UserName="admin")
+        everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        admin_iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(everything))
+        key = admin_iam.create_access_key(UserName="admin")["AccessKey"]
+        admin = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+
+        def client(service: str, **credentials):
+            return boto3.client(service, region_name=REGION, endpoint_url=server.url, **credentials)
+
+        trust = {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/admin"}, "Action": "sts:AssumeRole"}
+        ]}  # fmt: skip
+        launches = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]}
+        roles = client("iam", **admin)
+        roles.create_role(RoleName="launcher", AssumeRolePolicyDocument=json.dumps(trust))
+        roles.put_role_policy(RoleName="launcher", PolicyName="ec2", PolicyDocument=json.dumps(launches))
+        session = client("sts", **admin).assume_role(
+            RoleArn=f"arn:aws:iam::{ACCOUNT}:role/launcher", RoleSessionName="head"
+        )["Credentials"]
+        ec2 = client(
+            "ec2",
+            aws_access_key_id=session["AccessKeyId"],
+            aws_secret_access_key=session["SecretAccessKey"],
+            aws_session_token=session["SessionToken"],
+        )
+        image = client("ec2", **admin).describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        spot = {"ImageId": image, "InstanceType": "c7a.large", "MinCount": 1, "MaxCount": 1,
+                "InstanceMarketOptions": {"MarketType": "spot"}}  # fmt: skip
+        with pytest.raises(ClientError) as refused:
+            ec2.run_instances(**spot)
+        assert refused.value.response["Error"]["Code"] == "AuthFailure.ServiceLinkedRoleCreationNotPermitted"
+        # On-demand needs no such role.
+        ec2.run_instances(**{k: v for k, v in spot.items() if k != "InstanceMarketOptions"})
+
+        assert iam.ensure_spot_role(roles) is True
+        made = roles.get_role(RoleName="AWSServiceRoleForEC2Spot")["Role"]
+        assert made["Path"] == "/aws-service-role/spot.amazonaws.com/"
+        assert iam.ensure_spot_role(roles) is False  # there: nothing to do
+        with pytest.raises(ClientError, match="has been taken in this account"):
+            roles.create_service_linked_role(AWSServiceName="spot.amazonaws.com")
+        assert ec2.run_instances(**spot)["Instances"][0]["InstanceLifecycle"] == "spot"

@@ -518,6 +518,28 @@ def delete_node_role(iam, cluster: str) -> list[str]:
     return _delete_role(iam, cluster, node_role_name(cluster))
 
 
+# EC2's service-linked role for Spot: an account's first Spot launch needs it, and EC2 makes it
+# then only for a caller allowed iam:CreateServiceLinkedRole, which the head's role is not (its
+# elastic Spot launches would fail with AuthFailure.ServiceLinkedRoleCreationNotPermitted).
+SPOT_SERVICE = "spot.amazonaws.com"
+SPOT_ROLE = "AWSServiceRoleForEC2Spot"
+
+
+def ensure_spot_role(iam) -> bool:
+    """The account's AWSServiceRoleForEC2Spot, made by the controller when missing (an account-wide
+    role: `cluster down` leaves it); True when made here."""
+    if _ignore_missing(iam.get_role, RoleName=SPOT_ROLE):
+        return False
+    try:
+        call(iam.create_service_linked_role, AWSServiceName=SPOT_SERVICE)
+    except ClientError as exc:
+        # Made meanwhile (another cluster's `up`): "Service role name ... has been taken in this account".
+        if error_code(exc) != "InvalidInput" or "has been taken" not in str(exc):
+            raise
+        return False
+    return True
+
+
 def delete_head_role(iam, cluster: str) -> list[str]:
     """Remove the cluster's head role and profile, as delete_node_role."""
     return _delete_role(iam, cluster, head_role_name(cluster))

@@ -169,6 +169,8 @@ class AwsProvider(CloudProvider):
             jobs_role=self.checkpoint_copies is not None,
         )
         say(f"    instance profile {profile}{' created' if profile_created else ''}")
+        if any(group.spot for group in self.config.node_groups) and iam.ensure_spot_role(self.api("iam")):
+            say(f"    service-linked role {iam.SPOT_ROLE} created (the account's first Spot launches need it)")
         if self.checkpoint_copies:
             _, jobs_created = iam.ensure_jobs_role(
                 self.api("iam"), self.api("sts"), cluster, self.aws.region, *self.checkpoint_copies

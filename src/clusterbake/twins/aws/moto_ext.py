@@ -59,6 +59,13 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   (`arn:aws:sts::<account>:assumed-role/<name>/<session>`), which on AWS it does: a role
   that trusts another role is assumable from that role's sessions (the jobs role, from the
   nodes' sessions of the node role).
+- The Spot service-linked role: moto launches Spot instances in any account. EC2 needs
+  AWSServiceRoleForEC2Spot; at an account's first Spot launch it creates the role for a
+  caller allowed iam:CreateServiceLinkedRole and refuses anyone else with
+  AuthFailure.ServiceLinkedRoleCreationNotPermitted (403). Here likewise (with IAM
+  authorization off every caller may). moto also names the role AWSServiceRoleForspot and
+  answers a second CreateServiceLinkedRole with EntityAlreadyExists; IAM's names are
+  AWSServiceRoleForEC2Spot and InvalidInput ("... has been taken in this account").
 - One-time Spot: moto stops any instance. EC2 refuses StopInstances for a Spot instance of a
   one-time request (RunInstances' default, and clusterbake's) with UnsupportedOperation
   ("You can only stop Spot Instances associated with persistent Spot Instance requests").
@@ -83,9 +90,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from moto.core.exceptions import AccessDeniedError
 from moto.core.responses import ActionResult, EmptyResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
+from moto.iam import models as iam_models
 from moto.iam.access_control import (
     AssumedRoleAccessKey,
     IAMPolicy,
@@ -94,6 +103,7 @@ from moto.iam.access_control import (
     IAMRequestBase,
     PermissionResult,
 )
+from moto.iam.exceptions import InvalidInput
 from moto.secretsmanager.responses import SecretsManagerResponse
 
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
@@ -247,12 +257,54 @@ def run_instances(self: EC2Response) -> ActionResult:
     _apply_launch_template(self)
     _apply_imds_support(self)
     _check_addresses(self)
+    if self._get_param("InstanceMarketOptions.MarketType") == "spot":
+        _check_spot_role(self)
     result = _run_instances(self)
     if self._get_param("InstanceMarketOptions.MarketType") == "spot":
         kind = self._get_param("InstanceMarketOptions.SpotOptions.SpotInstanceType") or "one-time"
         for instance in result.result.instances:
             instance.spot_instance_type = kind
     return result
+
+
+SPOT_SERVICE = "spot.amazonaws.com"
+SPOT_ROLE = "AWSServiceRoleForEC2Spot"
+
+
+class _ServiceLinkedRoleRequest(IAMRequest):
+    """An IAM check of iam:CreateServiceLinkedRole on behalf of the EC2 call being made."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._action = "iam:CreateServiceLinkedRole"
+
+
+def _check_spot_role(response: EC2Response) -> None:
+    """A Spot launch needs AWSServiceRoleForEC2Spot: made for a caller who may make it, else refused."""
+    iam = iam_models.iam_backends[response.current_account][response.partition]
+    if any(role.name == SPOT_ROLE for role in iam.roles.values()):
+        return
+    arn = f"arn:{response.partition}:iam::{response.current_account}:role/aws-service-role/{SPOT_SERVICE}/{SPOT_ROLE}"
+    try:
+        response._authenticate_and_authorize_action(_ServiceLinkedRoleRequest, arn)
+    except AccessDeniedError:
+        raise EC2ClientError(
+            "AuthFailure.ServiceLinkedRoleCreationNotPermitted",
+            "The provided credentials do not have permission to create the service-linked role for EC2 Spot Instances.",
+        ) from None
+    iam.create_service_linked_role(SPOT_SERVICE, "Default EC2 Spot Service Linked Role", "")
+
+
+_create_service_linked_role = iam_models.IAMBackend.create_service_linked_role
+
+
+def create_service_linked_role(self, service_name: str, description: str, suffix: str):
+    """IAM's answer to a service-linked role that exists: InvalidInput, not EntityAlreadyExists."""
+    if service_name == SPOT_SERVICE and not suffix and any(role.name == SPOT_ROLE for role in self.roles.values()):
+        raise InvalidInput(
+            f"Service role name {SPOT_ROLE} has been taken in this account, please try a different suffix."
+        )
+    return _create_service_linked_role(self, service_name, description, suffix)
 
 
 _stop_instances = EC2Response.stop_instances
@@ -575,6 +627,8 @@ def install() -> None:
         IAMRequestBase: {"_create_aws_request": create_aws_request, "check_action_permitted": check_action_permitted},
         IAMPolicyStatement: {"_check_principal": check_principal},
     }
+    patches[iam_models.IAMBackend] = {"create_service_linked_role": create_service_linked_role}
     for cls, methods in patches.items():
         for name, method in methods.items():
             setattr(cls, name, method)
+    iam_models.SERVICE_NAME_CONVERSION["spot"] = "EC2Spot"  # IAM's AWSServiceRoleForEC2Spot
