@@ -29,6 +29,7 @@ class Moto:
     capacity_file: Path
     env: dict[str, str]
     console_dir: Path  # <instance id>.log: that instance's console output (GetConsoleOutput)
+    faults_file: Path  # $MOTO_FAULTS_FILE: faults injected per API action (moto_ext.FAULTS)
 
     def console(self, instance_id: str, text: str) -> None:
         """What the instance's console shows (its boot program prints its host keys there)."""
@@ -54,6 +55,19 @@ class Moto:
             self.capacity_file.unlink(missing_ok=True)
         else:
             self.capacity_file.write_text(json.dumps(limits))
+
+    def inject_faults(self, faults: dict[str, dict] | None) -> None:
+        """The next calls of each action get a fault: {"DescribeInstances": {"fault": "InternalError",
+        "times": 2}}; "*": the first `times` calls of every action (None: no faults)."""
+        if faults is None:
+            self.faults_file.unlink(missing_ok=True)
+        else:
+            from clusterbake.twins.aws.moto_ext import check_faults
+
+            self.faults_file.write_text(json.dumps(check_faults(faults)))
+
+    def faults_left(self) -> dict:
+        return json.loads(self.faults_file.read_text()) if self.faults_file.exists() else {}
 
 
 @dataclass
@@ -154,6 +168,7 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
             env={
                 **env,
                 "MOTO_CAPACITY_FILE": str(capacity_file),
+                "MOTO_FAULTS_FILE": str(root / "faults.json"),
                 "MOTO_CONSOLE_DIR": str(root / "console"),
                 **server_env,
             },
@@ -168,6 +183,6 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
                     if server.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"moto server did not start: {log_path.read_text()}") from None
                     time.sleep(0.1)
-            yield Moto(url, capacity_file, env, root / "console")
+            yield Moto(url, capacity_file, env, root / "console", root / "faults.json")
         finally:
             stop_server(server)

@@ -262,6 +262,22 @@ def test_program_falls_over_to_the_next_type_when_ec2_has_no_capacity(moto, elas
     assert state["capacity"]["c7a.large"]["code"] == "InsufficientInstanceCapacity"
 
 
+def test_program_rides_out_a_dropped_connection_and_a_5xx(moto, elastic, program):
+    """realcloud review A3: EC2's transient failures (the twin's injected faults, over real HTTP)."""
+    _, backend, _ = program
+    faults = {
+        "DescribeInstances": {"fault": "drop", "times": 1},
+        "RunInstances": {"fault": "InternalError", "times": 1},
+    }
+    moto.inject_faults(faults)
+    try:
+        assert backend.power("start", ["burst-3"]) == {"burst-3": "ok"}
+        assert moto.faults_left() == {}
+    finally:
+        moto.inject_faults(None)
+    assert backend.power("stop", ["burst-3"]) == {"burst-3": "ok"}
+
+
 @pytest.mark.parametrize("code", ["VcpuLimitExceeded", "Unsupported"])
 def test_program_falls_over_on_a_vcpu_quota_or_a_type_the_zone_does_not_offer(moto, elastic, program, code):
     """EC2 says "no" in more ways than InsufficientInstanceCapacity (the twin's capacity takes the code)."""

@@ -273,7 +273,22 @@ def test_throttling_is_retried(program, tmp_path):
         stub.add_client_error("run_instances", "RequestLimitExceeded", "slow down")
         stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"))
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
-    assert sleeps == [0.5, 0.5]
+    assert len(sleeps) == 2 and all(0.25 <= s <= 0.5 for s in sleeps)  # the first wait, with jitter
+
+
+def test_a_server_error_is_retried_but_a_capacity_500_falls_over(program, tmp_path):
+    client = ec2_client()
+    sleeps: list[float] = []
+    backend = _backend(program, tmp_path, client, sleeps=sleeps)
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        stub.add_client_error("run_instances", "InternalError", "An internal error has occurred.", 500)
+        stub.add_client_error("run_instances", "InsufficientInstanceCapacity", "none", 500)
+        stub.add_client_error("run_instances", "Unavailable", "overloaded", 503)
+        stub.add_response("run_instances", _launched("i-0000000000000000b", "p4de.24xlarge"))
+        assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
+        stub.assert_no_pending_responses()
+    assert len(sleeps) == 2  # InternalError, Unavailable; the capacity error went to the next type
 
 
 def test_resume_of_a_node_with_a_stopped_instance_terminates_that_first(program, tmp_path):

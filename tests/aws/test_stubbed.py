@@ -59,9 +59,29 @@ def test_throttling_gives_up_after_the_last_attempt():
 def test_capacity_errors_are_not_retried():
     client = ec2_client()
     with Stubber(client) as stub:
-        stub.add_client_error("run_instances", "InsufficientInstanceCapacity", "no p5 here")
+        # EC2 sends InsufficientInstanceCapacity as a 500: a server error, yet not one to retry.
+        stub.add_client_error("run_instances", "InsufficientInstanceCapacity", "no p5 here", http_status_code=500)
         with pytest.raises(ClientError, match="InsufficientInstanceCapacity"):
             api.call(client.run_instances, sleep=pytest.fail, MinCount=1, MaxCount=1)
+
+
+@pytest.mark.parametrize(("code", "status"), [("InternalError", 500), ("Unavailable", 503), ("SomethingNew", 502)])
+def test_server_errors_are_retried(code, status):
+    client = ec2_client()
+    sleeps = []
+    with Stubber(client) as stub:
+        stub.add_client_error("describe_subnets", code, "try again", http_status_code=status)
+        stub.add_response("describe_subnets", {"Subnets": []})
+        assert api.call(client.describe_subnets, sleep=sleeps.append) == {"Subnets": []}
+    assert len(sleeps) == 1
+
+
+def test_client_errors_are_not_retried():
+    client = ec2_client()
+    with Stubber(client) as stub:
+        stub.add_client_error("describe_subnets", "InvalidSubnetID.NotFound", "no such subnet", http_status_code=400)
+        with pytest.raises(ClientError, match=r"InvalidSubnetID\.NotFound"):
+            api.call(client.describe_subnets, sleep=pytest.fail)
 
 
 def test_instance_that_dies_while_starting_rolls_the_group_back():

@@ -4,9 +4,10 @@ from its group's launch template at its planned address; powering down terminate
 
 from __future__ import annotations
 
+import random
 import time
 
-from .cloud import ATTEMPTS, CloudBackend
+from .cloud import CloudBackend
 from .core import PowerError, log
 
 # RunInstances errors that say "not now, not this type" (EC2 API reference, "Error codes"): the
@@ -27,6 +28,12 @@ CAPACITY_ERRORS = frozenset(
     }
 )
 THROTTLING = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException"})
+# EC2's codes of server-side trouble, retried (any other 5xx too, unless a capacity error: EC2 sends
+# InsufficientInstanceCapacity as a 500), as AWS's retry advice says.
+TRANSIENT = frozenset({"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout"})
+# A resume of many nodes shares EC2's request buckets with the account's other work: throttling and
+# transient errors are retried for about 90 s (waits of 0.5, 1, 2, ... 20 s, with jitter).
+CALL_ATTEMPTS = 10
 ADDRESS_IN_USE = "InvalidIPAddress.InUse"
 LIVE = ("pending", "running", "stopping", "stopped")
 FILTER_VALUES = 200  # values of one DescribeInstances filter
@@ -47,6 +54,19 @@ def error_text(exc: BaseException) -> str:
 
 def is_aws_error(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("botocore", "boto3")
+
+
+def retryable(exc: BaseException) -> bool:
+    """Throttling, a server-side error, or no answer at all (a refused, dropped or timed-out connection)."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError
+
+    if isinstance(exc, (BotoConnectionError, HTTPClientError)):
+        return True
+    code = error_code(exc)
+    response = getattr(exc, "response", None) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(response, dict) else 0
+    return code in THROTTLING or code in TRANSIENT or (status >= 500 and bool(code) and code not in CAPACITY_ERRORS)
 
 
 class AwsBackend(CloudBackend):
@@ -79,14 +99,16 @@ class AwsBackend(CloudBackend):
         return self._client
 
     def _call(self, operation: str, **params):
-        """One EC2 call, retried on throttling with growing waits."""
-        for attempt in range(ATTEMPTS):
+        """One EC2 call, retried on throttling and transient errors with growing waits (RunInstances
+        too: its ClientToken makes EC2 launch the node once)."""
+        for attempt in range(CALL_ATTEMPTS):
             try:
                 return getattr(self.client, operation)(**params)
             except Exception as exc:
-                if error_code(exc) not in THROTTLING or attempt == ATTEMPTS - 1:
+                if not retryable(exc) or attempt == CALL_ATTEMPTS - 1:
                     raise
-                self.sleep(min(20.0, 0.5 * 2**attempt))
+                wait = min(20.0, 0.5 * 2**attempt)
+                self.sleep(random.uniform(wait / 2, wait))
         raise AssertionError("unreachable")
 
     def cloud_error(self, exc: Exception) -> str | None:

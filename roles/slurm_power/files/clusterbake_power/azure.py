@@ -15,7 +15,7 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from .cloud import ATTEMPTS, CloudBackend
+from .cloud import CloudBackend
 from .core import PARALLEL, PowerError, log
 
 # Errors of a VM create that say "not now, not this size" (Microsoft's "Troubleshoot allocation
@@ -35,6 +35,8 @@ AZURE_ADDRESS_IN_USE = "PrivateIPAddressInUse"
 IMDS_TOKEN = "http://169.254.169.254/metadata/identity/oauth2/token"
 ARM_RESOURCE = "https://management.azure.com/"
 AZURE_POLL = 1.0
+# Calls ARM throttles (or fails on its side) are tried this often, as Retry-After says.
+ATTEMPTS = 6
 AZURE_OPERATION_TIMEOUT = 900.0
 
 

@@ -15,8 +15,6 @@ from .core import CONFIG, PARALLEL, UTC, PowerError, log, read_state, update_sta
 # A just-deleted machine holds its address for a while: the node's replacement waits for it.
 ADDRESS_WAIT = 60.0
 ADDRESS_POLL = 5.0
-# Calls the cloud throttles are tried this often, with growing waits.
-ATTEMPTS = 6
 
 
 class CloudBackend:

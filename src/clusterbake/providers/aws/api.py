@@ -2,9 +2,12 @@
 
 boto3 reads the standard environment itself (AWS_PROFILE, AWS_ENDPOINT_URL,
 AWS_ACCESS_KEY_ID, ...); the region comes from the config. botocore's own retries
-are off so that exactly one policy applies: `call` retries throttling with
-exponential backoff (with jitter) and lets every other error through at once
-(InsufficientInstanceCapacity must reach the launcher's rollback, not be retried).
+are off so that exactly one policy applies: `call` retries throttling, AWS's transient
+server errors (HTTP 5xx, but not a capacity error, which EC2 also sends as a 500) and a
+connection that failed or dropped, with exponential backoff (with jitter), as AWS's
+retry recommendations say ("Ensuring idempotency in Amazon EC2 API requests"); every other
+error goes through at once (InsufficientInstanceCapacity must reach the launcher's
+rollback, not be retried). RunInstances is safe to retry: every launch carries a ClientToken.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from clusterbake.errors import ClusterbakeError
 
@@ -36,6 +40,17 @@ CAPACITY_ERRORS = frozenset(
         "UnfulfillableCapacity",
         "MaxSpotInstanceCountExceeded",
         "SpotMaxPriceTooLow",
+    }
+)
+# AWS's codes of server-side trouble: retried (any other 5xx too, unless a capacity error).
+TRANSIENT = frozenset(
+    {
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "Unavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
     }
 )
 ATTEMPTS = 8
@@ -59,6 +74,17 @@ def ec2_client(region: str):
 
 def error_code(exc: BaseException) -> str:
     return exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether AWS's retry advice says try again: a server-side error, or no answer at all (a refused,
+    dropped or timed-out connection: botocore's ConnectionError and HTTPClientError)."""
+    if isinstance(exc, (BotoConnectionError, HTTPClientError)):
+        return True
+    if not isinstance(exc, ClientError):
+        return False
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return error_code(exc) in TRANSIENT or (status >= 500 and error_code(exc) not in CAPACITY_ERRORS)
 
 
 def or_if_gone(code: str, gone: Any, work: Callable[[], Any]) -> Any:
@@ -85,13 +111,14 @@ def call(
     attempts: int = ATTEMPTS,
     **params: Any,
 ) -> Any:
-    """`operation(**params)`, retried on throttling (or `retry_codes`) with backoff and jitter."""
+    """`operation(**params)`, retried on throttling (or `retry_codes`) and transient errors with
+    backoff and jitter."""
     delays = backoff_delays(attempts)
     for attempt in range(attempts):
         try:
             return operation(**params)
-        except ClientError as exc:
-            if error_code(exc) not in retry_codes or attempt == attempts - 1:
+        except (ClientError, BotoCoreError) as exc:
+            if not (error_code(exc) in retry_codes or transient(exc)) or attempt == attempts - 1:
                 raise
             (sleep or time.sleep)(random.uniform(delays[attempt] / 2, delays[attempt]))
     raise AssertionError("unreachable")

@@ -39,8 +39,13 @@ class Ec2TwinControl(TwinControl):
         return ["--region", REGION, "--zone", ZONE, "--vpc-cidr", VPC_CIDR]
 
     def daemon_environment(self, directory: Path, env: dict[str, str]) -> dict[str, str]:
-        # EC2's capacity, as tests set it (PUT /capacity on the control socket): moto_ext's switch.
-        return {**env, "MOTO_CAPACITY_FILE": str(directory / "capacity.json")}
+        # EC2's capacity and faults, as tests set them (PUT /capacity, PUT /faults on the control
+        # socket): moto_ext's switches.
+        return {
+            **env,
+            "MOTO_CAPACITY_FILE": str(directory / "capacity.json"),
+            "MOTO_FAULTS_FILE": str(directory / "faults.json"),
+        }
 
     def environment(self, state: StateDir, info: dict) -> dict[str, str]:
         return {

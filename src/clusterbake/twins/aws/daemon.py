@@ -17,7 +17,9 @@ session of its own, logging to <twin dir>/twin.log. One process, threads:
   rebalance notices on an instance's metadata, and EC2's capacity per instance type
   (`PUT /capacity {"c7a.large": 0}`: RunInstances fails with InsufficientInstanceCapacity
   beyond that many non-terminated instances of the type; `DELETE /capacity`: no limit;
-  `GET /capacity`). The limits are the file $MOTO_CAPACITY_FILE (`twin up` sets it to
+  `GET /capacity`), and faults per API action (`PUT /faults {"DescribeInstances": {"fault":
+  "InternalError", "times": 2}}`: moto_ext.FAULTS; `DELETE /faults`; `GET /faults`: what is
+  left, in the file $MOTO_FAULTS_FILE). The limits are the file $MOTO_CAPACITY_FILE (`twin up` sets it to
   <twin dir>/capacity.json), which moto_ext reads at each RunInstances.
 
 The ids of the twin's VPC, subnet and AMI are the same on every start (moto's random
@@ -482,6 +484,29 @@ class Twin:
         log(f"capacity: {limits}")
         return limits
 
+    @property
+    def faults_file(self) -> Path:
+        return Path(os.environ.get("MOTO_FAULTS_FILE") or self.root / "faults.json")
+
+    def faults(self) -> dict:
+        try:
+            return json.loads(self.faults_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def set_faults(self, faults: dict | None) -> dict:
+        from clusterbake.twins.aws.moto_ext import check_faults
+
+        if faults is None:
+            self.faults_file.unlink(missing_ok=True)
+            log("faults: none")
+            return {}
+        tmp = self.faults_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(check_faults(faults), sort_keys=True))
+        tmp.replace(self.faults_file)
+        log(f"faults: {faults}")
+        return faults
+
     def control(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         """The control socket's requests (twins/runtime.py serves them)."""
         if method == "GET":
@@ -489,6 +514,8 @@ class Twin:
                 return HTTPStatus.OK, self.status()
             if path == "/capacity":
                 return HTTPStatus.OK, self.capacity()
+            if path == "/faults":
+                return HTTPStatus.OK, self.faults()
             return HTTPStatus.NOT_FOUND, {"error": path}
         if path == "/capacity" and method == "PUT":
             try:
@@ -497,6 +524,11 @@ class Twin:
                 return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
         if path == "/capacity" and method == "DELETE":
             return HTTPStatus.OK, self.set_capacity(None)
+        if path == "/faults":
+            try:
+                return HTTPStatus.OK, self.set_faults(body if method == "PUT" else None)
+            except ValueError as exc:
+                return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
         if method not in ("PUT", "DELETE"):
             return HTTPStatus.NOT_FOUND, {"error": path}
         parts = path.strip("/").split("/")

@@ -69,6 +69,13 @@ seen in moto 5.2.5 against EC2's documented behaviour:
 - One-time Spot: moto stops any instance. EC2 refuses StopInstances for a Spot instance of a
   one-time request (RunInstances' default, and clusterbake's) with UnsupportedOperation
   ("You can only stop Spot Instances associated with persistent Spot Instance requests").
+- Faults: moto never throttles, never fails on its side and never drops a connection; EC2 does
+  all three. When the file named by $MOTO_FAULTS_FILE exists ({"DescribeInstances":
+  {"fault": "InternalError", "times": 2}}), the next `times` calls of that action (of any
+  service) get the fault: RequestLimitExceeded (HTTP 503), InternalError (500), Unavailable
+  (503), each in the service's own error format, or `drop`: the connection is closed before
+  any answer (botocore: ConnectionClosedError). Each fault used is counted down in the file.
+  The action `*` stands for every action: the first `times` calls of each one get the fault.
 - Console output: moto answers GetConsoleOutput with the same sample text for every instance.
   Here it is the node's own console (what its boot wrote to /dev/console, the last 64 KiB, as
   EC2 keeps), from `CONSOLE_LOG(instance_id)` (the twin's daemon sets it), and nothing before
@@ -82,16 +89,18 @@ seen in moto 5.2.5 against EC2's documented behaviour:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import socket
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from moto.core.exceptions import AccessDeniedError
-from moto.core.responses import ActionResult, EmptyResult
+from moto.core.exceptions import AccessDeniedError, ServiceException
+from moto.core.responses import ActionResult, BaseResponse, EmptyResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
 from moto.iam import models as iam_models
@@ -265,6 +274,86 @@ def run_instances(self: EC2Response) -> ActionResult:
         for instance in result.result.instances:
             instance.spot_instance_type = kind
     return result
+
+
+# The faults a test may inject (FAULTS file): HTTP status, EC2's code and words.
+FAULTS = {
+    "RequestLimitExceeded": (503, "Request limit exceeded."),
+    "InternalError": (500, "An internal error has occurred."),
+    "Unavailable": (503, "The server is overloaded and can't handle the request."),
+    "drop": (0, "the connection is closed before any answer"),
+}
+_FAULTS_LOCK = threading.Lock()
+
+
+def check_faults(faults) -> dict:
+    """The faults file's content, checked: {action: {"fault": one of FAULTS, "times": N >= 1}}."""
+    if not isinstance(faults, dict):
+        raise ValueError('faults: expected {"Action": {"fault": ..., "times": N}, ...}')
+    for action, fault in faults.items():
+        if (
+            not isinstance(fault, dict)
+            or fault.get("fault") not in FAULTS
+            or not isinstance(fault.get("times"), int)
+            or fault["times"] < 1
+        ):
+            raise ValueError(f'faults.{action}: expected {{"fault": one of {", ".join(FAULTS)}, "times": N >= 1}}')
+    return faults
+
+
+def _take_fault(action: str) -> str | None:
+    """The fault the next call of `action` gets (None: none), counted down in the faults file (for `*`:
+    per action, in its `seen` counts)."""
+    path = os.environ.get("MOTO_FAULTS_FILE")
+    if not path:
+        return None
+    with _FAULTS_LOCK:
+        try:
+            with open(path) as handle:
+                faults = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        fault = faults.get(action)
+        if isinstance(fault, dict) and fault.get("times", 0) >= 1:
+            fault["times"] -= 1
+            if fault["times"] == 0:
+                del faults[action]
+        elif isinstance(every := faults.get("*"), dict):
+            seen = every.setdefault("seen", {})
+            if seen.get(action, 0) >= every.get("times", 0):
+                return None
+            seen[action] = seen.get(action, 0) + 1
+            fault = every
+        else:
+            return None
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as handle:
+            json.dump(faults, handle)
+        os.replace(tmp, path)
+    return fault["fault"]
+
+
+class InjectedFault(ServiceException):
+    """A fault's error, in the format of the service called (defined outside moto's packages, whose
+    exceptions moto looks up in the service their module names)."""
+
+
+_call_action = BaseResponse.call_action
+
+
+def call_action(self: BaseResponse):
+    fault = _take_fault(self._get_action())
+    if fault is None:
+        return _call_action(self)
+    if fault == "drop":
+        connection = getattr(self.normalized_request, "environ", {}).get("werkzeug.socket")
+        if connection is not None:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        return 500, {}, ""  # nobody reads it
+    status, message = FAULTS[fault]
+    _, headers, body = self.serialized(ActionResult(InjectedFault(fault, message)))
+    return status, headers, body
 
 
 SPOT_SERVICE = "spot.amazonaws.com"
@@ -628,6 +717,7 @@ def install() -> None:
         IAMPolicyStatement: {"_check_principal": check_principal},
     }
     patches[iam_models.IAMBackend] = {"create_service_linked_role": create_service_linked_role}
+    patches[BaseResponse] = {"call_action": call_action}
     for cls, methods in patches.items():
         for name, method in methods.items():
             setattr(cls, name, method)

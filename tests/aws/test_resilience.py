@@ -1,0 +1,72 @@
+"""AWS's transient failures, injected by the EC2 twin's moto over real HTTP (moto_ext FAULTS: a 5xx
+in the service's own format, a connection closed before any answer): every call retries them
+(api.call), so `cluster up` and `cluster down` ride them out (realcloud review A3). The retry
+policy's own details (which codes, the waits) are tests/aws/test_stubbed.py's.
+"""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from awstest import REGION, live_instances, run_cb, small_config
+from botocore.config import Config
+from botocore.exceptions import ClientError, ConnectionClosedError
+
+from clusterbake.images.store import write_aws_record
+from clusterbake.providers.aws import api
+from clusterbake.state import StateDir
+
+
+@pytest.fixture
+def faults(moto):
+    yield moto.inject_faults
+    moto.inject_faults(None)
+
+
+def test_the_twin_drops_a_connection_and_answers_a_5xx_as_ec2_does(moto, faults):
+    # botocore retries by itself in a plain client: not here, to see what the twin did.
+    plain = boto3.client(
+        "ec2",
+        region_name=REGION,
+        endpoint_url=moto.url,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(retries={"total_max_attempts": 1}),
+    )
+    faults({"DescribeSubnets": {"fault": "drop", "times": 1}})
+    with pytest.raises(ConnectionClosedError):
+        plain.describe_subnets()
+    faults({"DescribeSubnets": {"fault": "InternalError", "times": 1}})
+    with pytest.raises(ClientError, match="InternalError") as failed:
+        plain.describe_subnets()
+    assert failed.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert moto.faults_left() == {}
+    plain.describe_subnets()  # no fault left
+
+
+def test_every_call_retries_a_5xx_and_a_dropped_connection(moto, faults, monkeypatch):
+    for key, value in moto.env.items():
+        monkeypatch.setenv(key, value)
+    client = api.ec2_client(REGION)
+    faults({"DescribeVpcs": {"fault": "drop", "times": 2}, "DescribeSubnets": {"fault": "Unavailable", "times": 3}})
+    sleeps: list[float] = []
+    assert "Vpcs" in api.call(client.describe_vpcs, sleep=sleeps.append)
+    assert "Subnets" in api.call(client.describe_subnets, sleep=sleeps.append)
+    assert len(sleeps) == 5 and moto.faults_left() == {}
+
+
+@pytest.mark.parametrize("fault", ["drop", "InternalError", "RequestLimitExceeded"])
+def test_cluster_up_and_down_ride_out_a_fault_on_each_api_they_call(moto, network, tmp_path, faults, fault):
+    """The first call of every action `cluster up` and `cluster down` make fails once."""
+    write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
+    name = f"flaky{fault.lower()[:6]}"
+    config = small_config(network, name, "c7i.large")
+    faults({"*": {"fault": fault, "times": 1}})
+    up = run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only", timeout=300)
+    hit = sorted(moto.faults_left()["*"]["seen"])
+    assert {"RunInstances", "CreateSecurityGroup", "CreateLaunchTemplate", "CreateRole"} <= set(hit), hit
+    assert len(live_instances(moto.ec2(), name)) == 2, up.stderr  # head and cpu-1
+    faults({"*": {"fault": fault, "times": 1}})
+    run_cb(moto, tmp_path, config, "cluster", "down", timeout=300)
+    assert {"TerminateInstances", "DeleteSecurityGroup"} <= set(moto.faults_left()["*"]["seen"])
+    assert live_instances(moto.ec2(), name) == []
