@@ -7,8 +7,9 @@ policy's own details (which codes, the waits) are tests/aws/test_stubbed.py's.
 from __future__ import annotations
 
 import boto3
+import programs
 import pytest
-from awstest import REGION, live_instances, run_cb, small_config
+from awstest import REGION, REPO, live_instances, run_cb, small_config
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError
 
@@ -70,3 +71,23 @@ def test_cluster_up_and_down_ride_out_a_fault_on_each_api_they_call(moto, networ
     run_cb(moto, tmp_path, config, "cluster", "down", timeout=300)
     assert {"TerminateInstances", "DeleteSecurityGroup"} <= set(moto.faults_left()["*"]["seen"])
     assert live_instances(moto.ec2(), name) == []
+
+
+def test_a_nodes_bundle_fetch_rides_out_dropped_connections_and_5xx(moto, faults, monkeypatch, capsys):
+    """realcloud review C1: the node's boot program keeps trying Secrets Manager when it does not
+    answer (botocore's own 5 attempts used up), logging why each time, instead of giving up."""
+    for key, value in moto.env.items():
+        monkeypatch.setenv(key, value)
+    moto.client("secretsmanager").create_secret(Name="clusterbake/flaky/join/cpu", SecretString='{"bundle": 1}')
+    boot = programs.load_program(
+        "clusterbake_node_boot", REPO / "roles" / "cloud_boot" / "files" / "clusterbake-node-boot"
+    )
+    source = {"secret_id": "clusterbake/flaky/join/cpu", "region": REGION, "endpoint_url": moto.url}
+    faults({"GetSecretValue": {"fault": "drop", "times": 7}})
+    assert boot.aws_secret(source, metadata=None) == '{"bundle": 1}'
+    faults({"GetSecretValue": {"fault": "InternalError", "times": 6}})
+    assert boot.aws_secret(source, metadata=None) == '{"bundle": 1}'
+    assert moto.faults_left() == {}
+    err = capsys.readouterr().err
+    assert "waiting for Secrets Manager (secret clusterbake/flaky/join/cpu): Connection was closed" in err
+    assert "waiting for Secrets Manager (secret clusterbake/flaky/join/cpu): InternalError" in err
