@@ -21,6 +21,7 @@ import yaml
 from awstest import REGION, inventory, live_instances, provisioned, run_cb, small_config, tag_map
 
 from clusterbake.images.store import write_aws_record
+from clusterbake.providers.aws.api import CAPACITY_ERRORS
 from clusterbake.providers.userdata import NAME_PLACEHOLDER
 from clusterbake.state import StateDir
 
@@ -135,6 +136,7 @@ def test_inventory_tells_the_head_how_to_launch_elastic_nodes(moto, elastic, net
         "clusterbake:nodegroup": "burst",
     }
     assert power["name_placeholder"] == NAME_PLACEHOLDER and burst["user_data"].count(NAME_PLACEHOLDER) == 2
+    assert power["capacity_errors"] == sorted(CAPACITY_ERRORS)  # the program falls over on the controller's list
 
 
 def test_user_data_template_gives_each_node_its_own_name(moto, elastic):

@@ -20,6 +20,7 @@ documents that boto3 decodes into dicts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import boto3
@@ -331,53 +332,55 @@ def test_a_replaced_bundle_keeps_no_stage(moto):
     secrets.delete_all(sm, "stage")
 
 
+@contextlib.contextmanager
+def authorizing_server(root):
+    """A moto server with IAM authorization on, and a client maker: client(service) as its
+    administrator (made in the three requests before authorization starts), client(service,
+    **credentials) as someone else; a role `name` with `policy`, assumable by the administrator:
+    session(name, policy) gives its session's credentials."""
+    with moto_server(root, INITIAL_NO_AUTH_ACTION_COUNT="3") as server:
+        setup = server.client("iam")
+        setup.create_user(UserName="admin")
+        everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        setup.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(everything))
+        key = setup.create_access_key(UserName="admin")["AccessKey"]
+        admin = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+
+        def client(service: str, **credentials):
+            return boto3.client(service, region_name=REGION, endpoint_url=server.url, **(credentials or admin))
+
+        def session(name: str, policy: dict) -> dict:
+            admin_arn = f"arn:aws:iam::{ACCOUNT}:user/admin"
+            trust = {"Version": "2012-10-17", "Statement": [
+                {"Effect": "Allow", "Principal": {"AWS": admin_arn}, "Action": "sts:AssumeRole"}
+            ]}  # fmt: skip
+            roles = client("iam")
+            roles.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))
+            roles.put_role_policy(RoleName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+            found = client("sts").assume_role(RoleArn=f"arn:aws:iam::{ACCOUNT}:role/{name}", RoleSessionName=name)
+            credentials = found["Credentials"]
+            return {
+                "aws_access_key_id": credentials["AccessKeyId"],
+                "aws_secret_access_key": credentials["SecretAccessKey"],
+                "aws_session_token": credentials["SessionToken"],
+            }
+
+        yield client, session
+
+
 def test_the_node_policy_reads_only_the_current_bundle(tmp_path_factory):
     """The node policy as iam.node_policy writes it, evaluated by the EC2 twin's IAM (moto's, with
     the twin's conditions) with authorization on: the current version with its stage named, nothing
     else, not an old version by id nor the stage a request leaves out."""
-    with moto_server(tmp_path_factory.mktemp("moto-auth"), INITIAL_NO_AUTH_ACTION_COUNT="3") as server:
-        admin_iam = server.client("iam")
-        # The three requests before authorization starts: an administrator and its key.
-        admin_iam.create_user(UserName="admin")
-        admin_iam.put_user_policy(
-            UserName="admin",
-            PolicyName="all",
-            PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-            ),
-        )
-        key = admin_iam.create_access_key(UserName="admin")["AccessKey"]
-        admin = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
-
-        def client(service: str, **credentials):
-            return boto3.client(service, region_name=REGION, endpoint_url=server.url, **credentials)
-
-        sm = client("secretsmanager", **admin)
+    with authorizing_server(tmp_path_factory.mktemp("moto-auth")) as (client, session):
+        sm = client("secretsmanager")
         name = "clusterbake/reader/join/cpu"
         secrets.ensure_secret(sm, "reader", "cpu")
         secrets.publish(sm, "reader", "cpu", '{"munge": "old"}')
         old = sm.get_secret_value(SecretId=name, VersionStage="AWSCURRENT")["VersionId"]
         secrets.publish(sm, "reader", "cpu", '{"munge": "new"}')
         # A role with the node policy, assumable here by the administrator (the node role trusts EC2 only).
-        trust = {"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/admin"}, "Action": "sts:AssumeRole"}
-        ]}  # fmt: skip
-        roles = client("iam", **admin)
-        roles.create_role(RoleName="node-policy", AssumeRolePolicyDocument=json.dumps(trust))
-        roles.put_role_policy(
-            RoleName="node-policy",
-            PolicyName="node",
-            PolicyDocument=json.dumps(iam.node_policy("reader", REGION, ACCOUNT)),
-        )
-        session = client("sts", **admin).assume_role(
-            RoleArn=f"arn:aws:iam::{ACCOUNT}:role/node-policy", RoleSessionName="node"
-        )["Credentials"]
-        node = client(
-            "secretsmanager",
-            aws_access_key_id=session["AccessKeyId"],
-            aws_secret_access_key=session["SecretAccessKey"],
-            aws_session_token=session["SessionToken"],
-        )
+        node = client("secretsmanager", **session("node-policy", iam.node_policy("reader", REGION, ACCOUNT)))
         assert node.get_secret_value(SecretId=name, VersionStage="AWSCURRENT")["SecretString"] == '{"munge": "new"}'
         for refused in ({"VersionId": old}, {}, {"VersionStage": "AWSPREVIOUS"}):
             with pytest.raises(ClientError) as raised:
@@ -504,34 +507,11 @@ def test_a_fresh_accounts_first_spot_launch_needs_the_spot_role_the_controller_m
     """realcloud review A2, with authorization on: a role that may launch instances but not create
     service-linked roles (the head's) cannot launch the account's first Spot instance, as on EC2;
     once the controller made AWSServiceRoleForEC2Spot (`cluster up` with a Spot group) it can."""
-    with moto_server(tmp_path_factory.mktemp("moto-spot"), INITIAL_NO_AUTH_ACTION_COUNT="3") as server:
-        admin_iam = server.client("iam")
-        admin_iam.create_user(UserName="admin")
-        everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-        admin_iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(everything))
-        key = admin_iam.create_access_key(UserName="admin")["AccessKey"]
-        admin = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
-
-        def client(service: str, **credentials):
-            return boto3.client(service, region_name=REGION, endpoint_url=server.url, **credentials)
-
-        trust = {"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/admin"}, "Action": "sts:AssumeRole"}
-        ]}  # fmt: skip
+    with authorizing_server(tmp_path_factory.mktemp("moto-spot")) as (client, session):
         launches = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]}
-        roles = client("iam", **admin)
-        roles.create_role(RoleName="launcher", AssumeRolePolicyDocument=json.dumps(trust))
-        roles.put_role_policy(RoleName="launcher", PolicyName="ec2", PolicyDocument=json.dumps(launches))
-        session = client("sts", **admin).assume_role(
-            RoleArn=f"arn:aws:iam::{ACCOUNT}:role/launcher", RoleSessionName="head"
-        )["Credentials"]
-        ec2 = client(
-            "ec2",
-            aws_access_key_id=session["AccessKeyId"],
-            aws_secret_access_key=session["SecretAccessKey"],
-            aws_session_token=session["SessionToken"],
-        )
-        image = client("ec2", **admin).describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        ec2 = client("ec2", **session("launcher", launches))
+        roles = client("iam")
+        image = client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         spot = {"ImageId": image, "InstanceType": "c7a.large", "MinCount": 1, "MaxCount": 1,
                 "InstanceMarketOptions": {"MarketType": "spot"}}  # fmt: skip
         with pytest.raises(ClientError) as refused:

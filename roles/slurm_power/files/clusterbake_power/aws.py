@@ -10,23 +10,8 @@ import time
 from .cloud import CloudBackend
 from .core import PowerError, log
 
-# RunInstances errors that say "not now, not this type" (EC2 API reference, "Error codes"): the
-# next type is tried. The same set as the controller's (providers/aws/api.py), which a test keeps.
-CAPACITY_ERRORS = frozenset(
-    {
-        "InsufficientInstanceCapacity",
-        "InsufficientCapacity",
-        "InsufficientHostCapacity",
-        "InsufficientReservedInstanceCapacity",
-        "ReservationCapacityExceeded",
-        "VcpuLimitExceeded",
-        "InstanceLimitExceeded",
-        "Unsupported",
-        "UnfulfillableCapacity",
-        "MaxSpotInstanceCountExceeded",
-        "SpotMaxPriceTooLow",
-    }
-)
+# RunInstances errors that say "not now, not this type" come with the settings (aws.capacity_errors:
+# the controller's list, providers/aws/api.py CAPACITY_ERRORS): the next type is tried on them.
 THROTTLING = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException"})
 # EC2's codes of server-side trouble, retried (any other 5xx too, unless a capacity error: EC2 sends
 # InsufficientInstanceCapacity as a 500), as AWS's retry advice says.
@@ -56,7 +41,7 @@ def is_aws_error(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("botocore", "boto3")
 
 
-def retryable(exc: BaseException) -> bool:
+def retryable(exc: BaseException, capacity_errors: frozenset[str]) -> bool:
     """Throttling, a server-side error, or no answer at all (a refused, dropped or timed-out connection)."""
     from botocore.exceptions import ConnectionError as BotoConnectionError
     from botocore.exceptions import HTTPClientError
@@ -66,7 +51,7 @@ def retryable(exc: BaseException) -> bool:
     code = error_code(exc)
     response = getattr(exc, "response", None) or {}
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(response, dict) else 0
-    return code in THROTTLING or code in TRANSIENT or (status >= 500 and bool(code) and code not in CAPACITY_ERRORS)
+    return code in THROTTLING or code in TRANSIENT or (status >= 500 and bool(code) and code not in capacity_errors)
 
 
 class AwsBackend(CloudBackend):
@@ -78,6 +63,7 @@ class AwsBackend(CloudBackend):
     def __init__(self, config: dict, client=None, sleep=time.sleep, clock=time.time):
         super().__init__(config, sleep, clock)
         self.aws = self.settings
+        self.capacity_errors = frozenset(self.aws["capacity_errors"])
         self._client = client
 
     @property
@@ -105,7 +91,7 @@ class AwsBackend(CloudBackend):
             try:
                 return getattr(self.client, operation)(**params)
             except Exception as exc:
-                if not retryable(exc) or attempt == CALL_ATTEMPTS - 1:
+                if not retryable(exc, self.capacity_errors) or attempt == CALL_ATTEMPTS - 1:
                     raise
                 wait = min(20.0, 0.5 * 2**attempt)
                 self.sleep(random.uniform(wait / 2, wait))
@@ -172,7 +158,7 @@ class AwsBackend(CloudBackend):
 
     def failure(self, node: str, exc: Exception) -> tuple[str, str] | str:
         code = error_code(exc)
-        if code not in CAPACITY_ERRORS:
+        if code not in self.capacity_errors:
             return error_text(exc)
         return code, exc.response.get("Error", {}).get("Message", "")
 

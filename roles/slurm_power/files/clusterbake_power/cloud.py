@@ -12,8 +12,9 @@ from datetime import datetime
 
 from .core import CONFIG, PARALLEL, UTC, PowerError, log, read_state, update_state
 
-# A just-deleted machine holds its address for a while: the node's replacement waits for it.
-ADDRESS_WAIT = 60.0
+# A just-deleted machine holds its address for a while (an instance's interface goes once it has
+# shut down: minutes for a large one): the node's replacement waits for it.
+ADDRESS_WAIT = 600.0
 ADDRESS_POLL = 5.0
 
 

@@ -107,18 +107,19 @@ def call(
     /,
     *,
     retry_codes: frozenset[str] = THROTTLING,
+    retry_transient: bool = True,
     sleep: Callable[[float], None] | None = None,
     attempts: int = ATTEMPTS,
     **params: Any,
 ) -> Any:
-    """`operation(**params)`, retried on throttling (or `retry_codes`) and transient errors with
-    backoff and jitter."""
+    """`operation(**params)`, retried on throttling (or `retry_codes`) and transient errors (unless
+    `retry_transient` is off: a call whose answer may be done without) with backoff and jitter."""
     delays = backoff_delays(attempts)
     for attempt in range(attempts):
         try:
             return operation(**params)
         except (ClientError, BotoCoreError) as exc:
-            if not (error_code(exc) in retry_codes or transient(exc)) or attempt == attempts - 1:
+            if not (error_code(exc) in retry_codes or (retry_transient and transient(exc))) or attempt == attempts - 1:
                 raise
             (sleep or time.sleep)(random.uniform(delays[attempt] / 2, delays[attempt]))
     raise AssertionError("unreachable")
@@ -130,6 +131,7 @@ def paginate(
     key: str,
     *,
     retry_codes: frozenset[str] = THROTTLING,
+    retry_transient: bool = True,
     token_in: str = "NextToken",
     token_out: str | None = None,
     **params: Any,
@@ -142,7 +144,13 @@ def paginate(
     token = None
     method = getattr(client, operation)
     while True:
-        page = call(method, retry_codes=retry_codes, **params, **({token_in: token} if token else {}))
+        page = call(
+            method,
+            retry_codes=retry_codes,
+            retry_transient=retry_transient,
+            **params,
+            **({token_in: token} if token else {}),
+        )
         items += page.get(key, [])
         token = page.get(token_out or token_in)
         if not token:

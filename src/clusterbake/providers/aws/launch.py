@@ -27,6 +27,11 @@ from clusterbake.providers.aws.iam import call_while_profile_not_ready
 
 # Right after RunInstances, DescribeInstances may not know the new ids yet.
 NOT_YET_VISIBLE = frozenset({"InvalidInstanceID.NotFound"})
+# A node's planned address an instance terminated moments ago still holds (its interface goes only
+# once it finished shutting down: minutes for a large instance, e.g. right after a rollback).
+ADDRESS_IN_USE = "InvalidIPAddress.InUse"
+ADDRESS_WAIT = 600.0
+ADDRESS_POLL = 5.0
 RUNNING_TIMEOUT = 900.0
 TERMINATED_TIMEOUT = 900.0
 POLL = 5.0
@@ -74,7 +79,7 @@ def launch_groups(
             what = f"{len(group.nodes)} x {group.instance_type} ({group.nodegroup})"
             say(f"    launching {what} in {group.availability_zone}")
             for node in group.nodes:
-                instance = _run_one(client, node, run_id)
+                instance = _run_one(client, node, run_id, sleep=sleep)
                 started.append(instance)
                 launched.append(instance)
             wait_for_state(client, [i["InstanceId"] for i in started], "running", sleep=sleep, timeout=running_timeout)
@@ -86,21 +91,50 @@ def launch_groups(
     return launched
 
 
-def _run_one(client, node: NodeLaunch, run_id: str) -> dict:
+def _run_one(client, node: NodeLaunch, run_id: str, sleep: Callable[[float], None] = time.sleep) -> dict:
     extra = {"NetworkInterfaces": node.network_interfaces} if node.network_interfaces else {}
-    # A brand-new instance profile may be unknown to EC2 for a few seconds (IAM is eventually consistent).
-    response = call_while_profile_not_ready(
-        client.run_instances,
-        LaunchTemplate={"LaunchTemplateId": node.template_id, "Version": node.template_version},
-        MinCount=1,
-        MaxCount=1,
-        UserData=node.user_data,
-        TagSpecifications=[tags.spec("instance", node.tags)],
-        # A retried call (throttling, a lost response) must not launch the node twice.
-        ClientToken=f"cb-{run_id}-{node.name}"[:64],
-        **extra,
-    )
-    return response["Instances"][0]
+    deadline = time.monotonic() + ADDRESS_WAIT
+    while True:
+        try:
+            # A brand-new instance profile may be unknown to EC2 for a few seconds (IAM is eventually consistent).
+            response = call_while_profile_not_ready(
+                client.run_instances,
+                LaunchTemplate={"LaunchTemplateId": node.template_id, "Version": node.template_version},
+                MinCount=1,
+                MaxCount=1,
+                UserData=node.user_data,
+                TagSpecifications=[tags.spec("instance", node.tags)],
+                # A retried call (throttling, a lost response) must not launch the node twice.
+                ClientToken=f"cb-{run_id}-{node.name}"[:64],
+                sleep=sleep,
+                **extra,
+            )
+            return response["Instances"][0]
+        except ClientError as exc:
+            if error_code(exc) != ADDRESS_IN_USE or time.monotonic() > deadline:
+                raise
+            address = (node.network_interfaces or [{}])[0].get("PrivateIpAddress")
+            holder = _live_holder(client, address) if address else None
+            if holder:
+                raise ClusterbakeError(f"{node.name}: its planned address {address} is taken by {holder}") from exc
+            say(f"    {node.name}: {address} is still held by an instance shutting down, waiting")
+            sleep(ADDRESS_POLL)
+
+
+def _live_holder(client, address: str) -> str | None:
+    """What holds `address` for good (an interface not of an instance going away), else None: the
+    address of an instance shutting down is free once it has."""
+    found = call(client.describe_network_interfaces, Filters=[{"Name": "private-ip-address", "Values": [address]}])
+    for interface in found.get("NetworkInterfaces", []):
+        instance_id = (interface.get("Attachment") or {}).get("InstanceId")
+        if instance_id:
+            reservations = call(client.describe_instances, InstanceIds=[instance_id])["Reservations"]
+            states = {i["State"]["Name"] for r in reservations for i in r["Instances"]}
+            if states <= {"shutting-down", "terminated"}:
+                continue
+        what = interface.get("Description") or interface.get("InterfaceType") or "a network interface"
+        return f"{interface['NetworkInterfaceId']} ({what}, {instance_id or 'no instance'})"
+    return None
 
 
 def _failure_message(group: GroupLaunch, started: int, exc: BaseException, launched: list, left: list[str]) -> str:

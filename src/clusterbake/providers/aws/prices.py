@@ -115,8 +115,15 @@ def _on_demand(pricing, region: str, instance_type: str) -> Price:
     if endpoint in _unreachable:
         return _unknown(_unreachable[endpoint])
     try:
+        # A controller without a route to the Price List API: one short try (the price is only shown).
         documents = paginate(
-            pricing, "get_products", "PriceList", ServiceCode="AmazonEC2", Filters=filters, FormatVersion="aws_v1"
+            pricing,
+            "get_products",
+            "PriceList",
+            retry_transient=False,
+            ServiceCode="AmazonEC2",
+            Filters=filters,
+            FormatVersion="aws_v1",
         )
     except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError) as exc:
         _unreachable[endpoint] = f"Price List {reason(exc, 'GetProducts')}"

@@ -17,7 +17,15 @@ from clusterbake.progress import say
 from clusterbake.providers import common
 from clusterbake.providers.aws import billing, checks, discover, iam, placement, prices, resources, storage, tags
 from clusterbake.providers.aws import secrets as join_secrets
-from clusterbake.providers.aws.api import aws_error_translation, aws_errors, call, client, ec2_client, paginate
+from clusterbake.providers.aws.api import (
+    CAPACITY_ERRORS,
+    aws_error_translation,
+    aws_errors,
+    call,
+    client,
+    ec2_client,
+    paginate,
+)
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.aws.launch import BATCH, GroupLaunch, NodeLaunch, launch_groups, wait_for_state
 from clusterbake.providers.base import BillingCheck, CostEstimate
@@ -657,6 +665,8 @@ class AwsProvider(CloudProvider):
             "region": self.aws.region,
             "endpoint_url": self.client.meta.endpoint_url,
             "name_placeholder": NAME_PLACEHOLDER,
+            # The codes on which the head's program tries the next type: the controller's list.
+            "capacity_errors": sorted(CAPACITY_ERRORS),
             "groups": power_groups,
         }
 

@@ -26,8 +26,11 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   that error once the number of non-terminated instances of the type would exceed the
   limit, with EC2's message for the code (CAPACITY_MESSAGES).
 - Addresses in use: EC2 refuses RunInstances with InvalidIPAddress.InUse when a requested
-  private address is held by another instance's interface in the subnet (an instance
-  that is not terminated yet keeps it); moto gives one address to two instances.
+  private address is held by any network interface (an instance's, an EFS mount target's,
+  any other); moto gives one address to two. A terminated instance's interface is released
+  only after the instance finished shutting down, minutes for a large one; moto frees the
+  address at once. Here it stays held for $MOTO_ADDRESS_HOLD seconds (default 5) after
+  TerminateInstances.
 - IAM resources of EC2 calls: with IAM authorization on, moto checks every EC2 call against
   resource `*`, so a policy that names ARNs (the head role's, iam.py) would deny
   everything. Here RunInstances is checked against each resource EC2 checks that the
@@ -95,6 +98,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -248,14 +252,45 @@ def _requested_addresses(response: EC2Response) -> list[str]:
     return [a for a in addresses if a]
 
 
+ADDRESS_HOLD = 5.0  # seconds a terminated instance's address stays held ($MOTO_ADDRESS_HOLD)
+
+
+def _held_addresses(response: EC2Response) -> set[str]:
+    """Every address a network interface holds, and those of instances terminated moments ago."""
+    backend = response.ec2_backend
+    held = set()
+    for interface in backend.describe_network_interfaces():
+        if interface.instance is not None and interface.instance.state == "terminated":
+            continue  # its instance's hold (below) says
+        held |= {interface.private_ip_address, *(a.get("PrivateIpAddress") for a in interface.private_ip_addresses)}
+    hold = float(os.environ.get("MOTO_ADDRESS_HOLD", ADDRESS_HOLD))
+    now = time.monotonic()
+    for reservation in backend.all_reservations():
+        for instance in reservation.instances:
+            if instance.state != "terminated" or now - getattr(instance, "terminated_at", 0.0) < hold:
+                held.add(instance.private_ip)
+    return held - {None}
+
+
 def _check_addresses(response: EC2Response) -> None:
     wanted = set(_requested_addresses(response))
     if not wanted:
         return
-    for reservation in response.ec2_backend.all_reservations():
-        for instance in reservation.instances:
-            if instance.state != "terminated" and instance.private_ip in wanted:
-                raise EC2ClientError("InvalidIPAddress.InUse", f"Address {instance.private_ip} is in use.")
+    for address in sorted(wanted & _held_addresses(response)):
+        raise EC2ClientError("InvalidIPAddress.InUse", f"Address {address} is in use.")
+
+
+_terminate_instances = EC2Response.terminate_instances
+
+
+def terminate_instances(self: EC2Response) -> ActionResult:
+    """Terminated now, as moto does, with the time: the address stays held for a while (ADDRESS_HOLD)."""
+    result = _terminate_instances(self)
+    now = time.monotonic()
+    for instance_id in self._get_param("InstanceIds", []) or []:
+        with contextlib.suppress(Exception):
+            self.ec2_backend.get_instance(instance_id).terminated_at = now
+    return result
 
 
 _run_instances = EC2Response.run_instances
@@ -705,6 +740,7 @@ def install() -> None:
             "delete_placement_group": delete_placement_group,
             "run_instances": run_instances,
             "stop_instances": stop_instances,
+            "terminate_instances": terminate_instances,
             "register_image": register_image,
             "get_console_output": get_console_output,
             "_authenticate_and_authorize_normal_action": authorize_ec2,
