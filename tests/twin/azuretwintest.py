@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from sdkenv import Environ
-from twintest import CB, host_leftovers, node_init_pid, run, twin_environment
+from twintest import CB, node_init_pid, run, twin_environment
 
 TWIN_NET = "twin-azure"
 
@@ -97,8 +97,3 @@ class AzureTwin:
         """A Python program run by the node's own python3 (standard library only, like the boot program)."""
         pid = self.node_pid(vm_id)
         return run(["nsenter", "-t", str(pid), "-a", "python3", "-c", program], check=check, timeout=120)
-
-
-def azure_host_leftovers() -> list[str]:
-    """What the Azure twin could leave on the host (twintest.host_leftovers)."""
-    return host_leftovers("azure")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from azuretwintest import AzureTwin, azure_host_leftovers, azure_twin_environment
+from azuretwintest import AzureTwin, azure_twin_environment
 from timetable import boots_cluster
 from twintest import CB, CLUSTER, REPO, Twin, host_leftovers, run, twin_environment
 
@@ -72,4 +72,4 @@ def azure():
     twin = AzureTwin(azure_twin_environment())
     yield twin
     run([*CB, "twin", "down", "azure"], timeout=300)
-    assert azure_host_leftovers() == []
+    assert host_leftovers("azure") == []

@@ -16,9 +16,9 @@ import json
 import time
 
 import pytest
-from azuretwintest import AzureTwin, Environ, azure_host_leftovers
+from azuretwintest import AzureTwin, Environ
 from polling import wait_for
-from twintest import CB, run
+from twintest import CB, host_leftovers, run
 
 from clusterbake.nspawn import machines
 
@@ -371,4 +371,4 @@ def test_delete_removes_the_node(azure, sdk, vm):
 @pytest.mark.ends_shared_cluster  # the twin: after every other test of the run
 def test_twin_down_leaves_nothing(azure):
     run([*CB, "twin", "down", "azure"], timeout=300)
-    assert azure_host_leftovers() == []
+    assert host_leftovers("azure") == []

@@ -751,9 +751,9 @@ def install() -> None:
         },
         IAMRequestBase: {"_create_aws_request": create_aws_request, "check_action_permitted": check_action_permitted},
         IAMPolicyStatement: {"_check_principal": check_principal},
+        iam_models.IAMBackend: {"create_service_linked_role": create_service_linked_role},
+        BaseResponse: {"call_action": call_action},
     }
-    patches[iam_models.IAMBackend] = {"create_service_linked_role": create_service_linked_role}
-    patches[BaseResponse] = {"call_action": call_action}
     for cls, methods in patches.items():
         for name, method in methods.items():
             setattr(cls, name, method)
