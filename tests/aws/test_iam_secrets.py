@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 
 import boto3
 import botocore.session
@@ -241,6 +242,33 @@ def test_a_new_profile_is_waited_for():
     assert sleeps.count(5.0) == 2 and len(sleeps) == 3  # two profile waits, one throttling backoff
 
 
+def test_a_profile_iam_has_not_spread_yet_is_refused_by_the_twin_and_waited_for(moto, network):
+    """The EC2 twin refuses a profile for its first seconds, with EC2's words (realcloud review D4):
+    a plain association fails, the head's (call_while_profile_not_ready) goes through."""
+    client, ec2 = moto.client("iam"), moto.ec2()
+    instance = ec2.run_instances(ImageId=network.ami_id, InstanceType="t3.micro", MinCount=1, MaxCount=1,
+                                 SubnetId=network.subnet_id)["Instances"][0]["InstanceId"]  # fmt: skip
+    client.create_role(RoleName="spread-role", AssumeRolePolicyDocument=json.dumps(iam.TRUST_POLICY))
+    client.create_instance_profile(InstanceProfileName="spread-profile")
+    client.add_role_to_instance_profile(InstanceProfileName="spread-profile", RoleName="spread-role")
+    with pytest.raises(ClientError) as refused:
+        ec2.associate_iam_instance_profile(InstanceId=instance, IamInstanceProfile={"Name": "spread-profile"})
+    assert iam.profile_not_ready(refused.value), refused.value.response["Error"]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        time.sleep(seconds)
+
+    iam.call_while_profile_not_ready(ec2.associate_iam_instance_profile, sleep=sleep, poll=1.0,
+                                     InstanceId=instance, IamInstanceProfile={"Name": "spread-profile"})  # fmt: skip
+    assert sleeps, "the twin took a profile made a moment ago"
+    ec2.terminate_instances(InstanceIds=[instance])
+    client.remove_role_from_instance_profile(InstanceProfileName="spread-profile", RoleName="spread-role")
+    client.delete_instance_profile(InstanceProfileName="spread-profile")
+    client.delete_role(RoleName="spread-role")
+
+
 def test_other_invalid_parameters_are_not_retried():
     client = _ec2_stub_client()
     with Stubber(client) as stub:
@@ -435,7 +463,7 @@ def test_find_keeps_only_this_clusters_tag(moto):
     sm.delete_secret(SecretId="clusterbake/other/join/gpu", ForceDeleteWithoutRecovery=True)
 
 
-def test_delete_all_leaves_nothing_and_the_names_are_reusable_at_once(moto):
+def test_delete_all_leaves_nothing_and_the_next_up_makes_the_same_names_once_aws_lets_them_go(moto):
     sm = moto.client("secretsmanager")
     for group in ("head", "gpu", "cpu"):
         secrets.ensure_secret(sm, "del", group)
@@ -453,7 +481,12 @@ def test_delete_all_leaves_nothing_and_the_names_are_reusable_at_once(moto):
         == []
     )
     assert secrets.delete_all(sm, "del", ["head", "gpu", "cpu"]) == []
-    # The next `cluster up` creates the same names right away.
+    # AWS deletes in the background: the name is still held for a moment (the twin: 3 s)...
+    with pytest.raises(ClientError) as held:
+        sm.create_secret(Name="clusterbake/del/join/gpu")
+    assert held.value.response["Error"]["Code"] == "InvalidRequestException"
+    assert "scheduled for deletion" in held.value.response["Error"]["Message"]
+    # ... and the next `cluster up` waits for it (realcloud review A10) instead of failing.
     secrets.ensure_secret(sm, "del", "gpu")
     assert secrets.publish(sm, "del", "gpu", "new bundle") is True
     assert secrets.delete_all(sm, "del") == ["clusterbake/del/join/gpu"]
@@ -471,18 +504,26 @@ def test_a_secret_scheduled_for_deletion_is_restored(moto):
 
 
 def test_secret_follows_the_configured_key(moto):
+    """DescribeSecret names the key by its ID (or an alias ARN), the config by its ARN: resolved before
+    they are compared, so a second `up` re-encrypts nothing (realcloud review A10)."""
     sm, kms = moto.client("secretsmanager"), moto.client("kms")
-    first = kms.create_key()["KeyMetadata"]["Arn"]
+    first = kms.create_key()["KeyMetadata"]
     second = kms.create_key()["KeyMetadata"]["Arn"]
+    kms.create_alias(AliasName="alias/keyed-first", TargetKeyId=first["KeyId"])
     name = "clusterbake/keyed/join/gpu"
-    secrets.ensure_secret(sm, "keyed", "gpu", kms_key_id=first)
-    assert sm.describe_secret(SecretId=name)["KmsKeyId"] == first
+    secrets.ensure_secret(sm, "keyed", "gpu", first["Arn"], kms=kms)
+    assert sm.describe_secret(SecretId=name)["KmsKeyId"] == first["KeyId"]  # as AWS answers: the key ID
     writes = _writes(sm)
-    secrets.ensure_secret(sm, "keyed", "gpu", kms_key_id=first)
+    secrets.ensure_secret(sm, "keyed", "gpu", first["Arn"], kms=kms)
     assert writes == []
-    secrets.ensure_secret(sm, "keyed", "gpu", kms_key_id=second)
-    assert sm.describe_secret(SecretId=name)["KmsKeyId"] == second
-    secrets.ensure_secret(sm, "keyed", "gpu")
+    sm.update_secret(SecretId=name, KmsKeyId="alias/keyed-first")  # by hand, the same key by its alias
+    assert sm.describe_secret(SecretId=name)["KmsKeyId"] == f"arn:aws:kms:{REGION}:{ACCOUNT}:alias/keyed-first"
+    writes.clear()
+    secrets.ensure_secret(sm, "keyed", "gpu", first["Arn"], kms=kms)
+    assert writes == []
+    secrets.ensure_secret(sm, "keyed", "gpu", second, kms=kms)
+    assert sm.describe_secret(SecretId=name)["KmsKeyId"] == second.rsplit("/", 1)[1]
+    secrets.ensure_secret(sm, "keyed", "gpu", kms=kms)
     assert not sm.describe_secret(SecretId=name).get("KmsKeyId")
     assert writes == ["UpdateSecret", "UpdateSecret"]
     secrets.delete_all(sm, "keyed")

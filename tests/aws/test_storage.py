@@ -356,7 +356,39 @@ def _fs(fs_id: str, lifecycle: str, lustre: dict, cluster="lus", name="scratch",
 FS = "fs-0123456789abcdef0"
 
 
-def test_scratch_file_system_with_s3_import_and_export():
+def _expect_root_link(stub, name: str, s3_path: str) -> None:
+    """DescribeDataRepositoryAssociations (none), CreateDataRepositoryAssociation of `/` with `s3_path`
+    (import and export of new, changed and deleted objects), then its lifecycle until AVAILABLE."""
+    stub.add_response(
+        "describe_data_repository_associations",
+        {"Associations": []},
+        {"Filters": [{"Name": "file-system-id", "Values": [FS]}]},
+    )
+    events = {"Events": ["NEW", "CHANGED", "DELETED"]}
+    stub.add_response(
+        "create_data_repository_association",
+        {"Association": {"AssociationId": "dra-0123456789abcdef0", "Lifecycle": "CREATING"}},
+        {
+            "ClientRequestToken": ANY,
+            "FileSystemId": FS,
+            "FileSystemPath": "/",
+            "DataRepositoryPath": s3_path,
+            "BatchImportMetaDataOnCreate": True,
+            "S3": {"AutoImportPolicy": events, "AutoExportPolicy": events},
+            "Tags": _tags("lus", name),
+        },
+    )
+    by_association = {"AssociationIds": ["dra-0123456789abcdef0"]}
+    for lifecycle in ("CREATING", "AVAILABLE"):
+        stub.add_response(
+            "describe_data_repository_associations",
+            {"Associations": [{"AssociationId": "dra-0123456789abcdef0", "Lifecycle": lifecycle}]},
+            by_association,
+        )
+
+
+def test_scratch_file_system_with_s3_is_linked_by_an_association_that_exports():
+    """Realcloud review A7: SCRATCH_2's legacy ImportPath/ExportPath exports nothing on Lustre 2.15."""
     fsx, efs = _client("fsx"), _client("efs")
     entry = fsx_entry("scratch", s3_path="s3://lus-data/input")
     with Stubber(fsx) as stub:
@@ -371,12 +403,7 @@ def test_scratch_file_system_with_s3_import_and_export():
                 "StorageCapacity": 1200,
                 "SubnetIds": [SUBNET],
                 "SecurityGroupIds": [GROUP],
-                "LustreConfiguration": {
-                    "DeploymentType": "SCRATCH_2",
-                    "ImportPath": "s3://lus-data/input",
-                    "ExportPath": "s3://lus-data/input",
-                    "AutoImportPolicy": "NEW_CHANGED_DELETED",
-                },
+                "LustreConfiguration": {"DeploymentType": "SCRATCH_2"},
                 "Tags": _tags("lus", "scratch"),
             },
         )
@@ -385,6 +412,7 @@ def test_scratch_file_system_with_s3_import_and_export():
         available = _fs(FS, "AVAILABLE", {"DeploymentType": "SCRATCH_2", "MountName": "abcdefgh"})
         stub.add_response("describe_file_systems", {"FileSystems": [available]}, by_id)
         stub.add_response("describe_file_systems", {"FileSystems": [available]}, by_id)
+        _expect_root_link(stub, "scratch", "s3://lus-data/input")
         endpoints = storage.ensure_file_systems(efs, fsx, "lus", [entry], SUBNET, GROUP, sleep=no_sleep)
         stub.assert_no_pending_responses()
     assert endpoints == {
@@ -447,32 +475,7 @@ def test_persistent_file_system_gets_a_data_repository_association():
         stub.add_response(
             "describe_file_systems", {"FileSystems": [_fs(FS, "AVAILABLE", lustre, name="persist")]}, by_id
         )
-        stub.add_response(
-            "describe_data_repository_associations",
-            {"Associations": []},
-            {"Filters": [{"Name": "file-system-id", "Values": [FS]}]},
-        )
-        events = {"Events": ["NEW", "CHANGED", "DELETED"]}
-        stub.add_response(
-            "create_data_repository_association",
-            {"Association": {"AssociationId": "dra-0123456789abcdef0", "Lifecycle": "CREATING"}},
-            {
-                "ClientRequestToken": ANY,
-                "FileSystemId": FS,
-                "FileSystemPath": "/",
-                "DataRepositoryPath": "s3://lus-data/ckpt",
-                "BatchImportMetaDataOnCreate": True,
-                "S3": {"AutoImportPolicy": events, "AutoExportPolicy": events},
-                "Tags": _tags("lus", "persist"),
-            },
-        )
-        by_association = {"AssociationIds": ["dra-0123456789abcdef0"]}
-        for lifecycle in ("CREATING", "AVAILABLE"):
-            stub.add_response(
-                "describe_data_repository_associations",
-                {"Associations": [{"AssociationId": "dra-0123456789abcdef0", "Lifecycle": lifecycle}]},
-                by_association,
-            )
+        _expect_root_link(stub, "persist", "s3://lus-data/ckpt")
         endpoints = storage.ensure_file_systems(efs, fsx, "lus", [entry], SUBNET, GROUP, sleep=no_sleep)
         stub.assert_no_pending_responses()
     assert endpoints["persist"] == {

@@ -3,8 +3,10 @@ with its own instance role, SuspendProgram terminates them when idle (issue 9, c
 
 The cluster `citwinel` is examples/aws-twin.yaml with one elastic group (no static compute
 node, up to 2 elastic ones, c7a.large or else m7a.large, idle after 20 s) and short power
-settings. Capacity is the twin's (`PUT /capacity` on its control socket). The tests run in
-order on one cluster, as tests/integration/test_elastic.py does on the local provider.
+settings, and one static node `block-1` in a Capacity Block bought through the twin's EC2 API
+(realcloud review A1: the twin launches into a block only with MarketType capacity-block).
+Capacity is the twin's (`PUT /capacity` on its control socket). The tests run in order on one
+cluster, as tests/integration/test_elastic.py does on the local provider.
 """
 
 from __future__ import annotations
@@ -34,21 +36,44 @@ from twintest import (
 pytestmark = pytest.mark.integration
 CLUSTER = "citwinel"
 NODES = ("cpu-1", "cpu-2")
+BLOCK: dict = {}  # the Capacity Block the fixture bought
 
 
 def _config(max_count: int = 2) -> dict:
     config = yaml.safe_load((REPO / "examples" / "aws-twin.yaml").read_text())
     config["cluster_name"] = CLUSTER
     config["node_groups"], config["power"] = elastic_cpu_group(max_count, ["c7a.large", "m7a.large"])
+    config["node_groups"].append(
+        {"name": "block", "count": 1, "instance_type": "c7a.large", "capacity_reservation_id": BLOCK["id"]}
+    )
+    config["partitions"] = [{"name": "cpu", "node_groups": ["cpu"], "default": True},
+                            {"name": "block", "node_groups": ["block"]}]  # fmt: skip
     return config
 
 
+def _buy_capacity_block(twin: Twin, subnet_id: str) -> dict:
+    """One c7a.large for a day, from now, in the subnet's zone (DescribeCapacityBlockOfferings, then
+    PurchaseCapacityBlock, as the EC2 User Guide buys one)."""
+    ec2 = twin.client("ec2")
+    zone = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"][0]["AvailabilityZone"]
+    offerings = ec2.describe_capacity_block_offerings(
+        InstanceType="c7a.large", InstanceCount=1, CapacityDurationHours=24
+    )["CapacityBlockOfferings"]
+    offering = next(o for o in offerings if o["AvailabilityZone"] == zone)
+    block = ec2.purchase_capacity_block(
+        CapacityBlockOfferingId=offering["CapacityBlockOfferingId"], InstancePlatform="Linux/UNIX"
+    )["CapacityReservation"]
+    return {"id": block["CapacityReservationId"], "end": block["EndDate"]}
+
+
 @pytest.fixture(scope="module")
-@boots_cluster("AWS twin 1+0..2 elastic")
+@boots_cluster("AWS twin 1+1 block+0..2 elastic")
 def elastic(twin_env, tmp_path_factory):
     path = tmp_path_factory.mktemp("twinel") / f"{CLUSTER}.yaml"
-    path.write_text(yaml.safe_dump(_config(), sort_keys=False))
     twin = Twin(twin_env, path, cluster=CLUSTER)
+    example = yaml.safe_load((REPO / "examples" / "aws-twin.yaml").read_text())
+    BLOCK.update(_buy_capacity_block(twin, example["aws"]["subnet_id"]))
+    path.write_text(yaml.safe_dump(_config(), sort_keys=False))
     twin.up = twin.cb("cluster", "up", timeout=1200)
     yield twin
     capacity(None)
@@ -73,8 +98,12 @@ def head(twin: Twin, command: str, **kwargs):
     return twin.on("head", command, **kwargs)
 
 
+def _elastic_states(twin: Twin) -> dict[str, str]:
+    return {name: state for name, state in slurm_states(twin).items() if name in NODES}
+
+
 def test_elastic_nodes_start_powered_down_without_instances(elastic):
-    assert slurm_states(elastic) == {"cpu-1": "idle~", "cpu-2": "idle~"}
+    assert _elastic_states(elastic) == {"cpu-1": "idle~", "cpu-2": "idle~"}
     assert all(elastic.instance(n) is None for n in NODES)
     nodes = node_status(elastic)
     assert {n: nodes[n]["state"] for n in NODES} == {"cpu-1": "absent", "cpu-2": "absent"}
@@ -102,7 +131,7 @@ def test_a_job_powers_both_nodes_up_through_the_heads_resume_program(elastic):
 
 
 def test_idle_nodes_are_terminated_after_idle_time(elastic):
-    wait_for("both idle~", lambda: set(slurm_states(elastic).values()) == {"idle~"}, timeout=150)
+    wait_for("both idle~", lambda: set(_elastic_states(elastic).values()) == {"idle~"}, timeout=150)
     wait_for("no instance left", lambda: all(elastic.instance(n) is None for n in NODES), timeout=60)
     log = head(elastic, POWER_LOG).stdout
     for name in NODES:  # one call for both, or one each when they went idle apart
@@ -141,6 +170,32 @@ def test_a_node_no_type_has_capacity_for_goes_down_and_its_job_is_requeued(elast
     finally:
         capacity(None)
     requeued_job_runs_when_capacity_is_back(elastic, job)
+
+
+def test_the_capacity_block_node_runs_in_the_block_and_takes_no_job_past_its_end(elastic):
+    """Launched with MarketType capacity-block into the block (the twin refuses it otherwise), joined;
+    a Slurm maintenance reservation from 30 minutes before the block's end keeps a job without a time
+    limit off it, while a short one runs."""
+    instance = elastic.instance("block-1")
+    assert (instance["InstanceLifecycle"], instance["CapacityReservationId"]) == ("capacity-block", BLOCK["id"])
+    reservation = head(elastic, "scontrol show reservation --oneliner clusterbake-block-end-block").stdout
+    start = head(elastic, f"date -d @{int(BLOCK['end'].timestamp()) - 1800} +%Y-%m-%dT%H:%M:%S").stdout.strip()
+    assert f"StartTime={start} " in reservation and " Nodes=block-1 " in reservation, reservation
+    assert "MAINT" in reservation and "Users=root " in reservation, reservation
+    short = head(elastic, "sbatch --parsable -p block -t 5 -o /shared/block.out --wrap hostname").stdout.strip()
+    wait_done(elastic, short)
+    assert head(elastic, "cat /shared/block.out").stdout.strip() == "block-1"
+    unbounded = head(elastic, "sbatch --parsable -p block --wrap hostname").stdout.strip()
+    try:
+        reason = wait_for(
+            "the unbounded job held off the block",
+            lambda: re.search(r"Reason=(\S*(Reserved|ReqNodeNotAvail)\S*)",
+                              head(elastic, f"scontrol show job {unbounded}").stdout),
+            timeout=60,
+        )  # fmt: skip
+        assert "JobState=PENDING" in head(elastic, f"scontrol show job {unbounded}").stdout, reason.group(1)
+    finally:
+        head(elastic, f"scancel {unbounded}")
 
 
 def test_growing_max_count_keeps_every_address(elastic, tmp_path):

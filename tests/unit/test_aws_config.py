@@ -166,6 +166,13 @@ def test_defaults(tmp_path):
         (lambda t: t.replace("  ssh_cidrs:", "  bastion: bastion.example.com\n  ssh_cidrs:"), "aws.bastion"),
         (lambda t: t + "    capacity_reservation_id: reservation-1\n", "node_groups.0.capacity_reservation_id"),
         (
+            lambda t: (
+                t.replace("    instance_type: p5.48xlarge\n", "    instance_types: [p5.48xlarge, p5e.48xlarge]\n")
+                + "    capacity_reservation_id: cr-0123456789abcdef0\n"
+            ),
+            "node_groups.0.instance_types: a capacity reservation holds one instance type",
+        ),
+        (
             lambda t: t + "    instance_types: [p5e.48xlarge, p5.48xlarge]\n",
             "node_groups.0: instance_types: give instance_type or instance_types (its first is the primary), not both",
         ),

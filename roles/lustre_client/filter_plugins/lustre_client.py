@@ -5,7 +5,6 @@ Pure functions (no Ansible imports), so that tests/unit can call them directly.
 
 import re
 
-
 _PACKAGE = re.compile(r"^lustre-client-modules-(\d\S*)")
 
 

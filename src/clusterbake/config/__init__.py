@@ -194,6 +194,11 @@ class ClusterConfig(Strict):
                     f"node_groups.{index}.capacity_reservation_id: capacity reservations are for on-demand "
                     "instances; remove it or set spot: false"
                 )
+            if group.capacity_reservation_id and len(group.types) > 1:
+                raise ValueError(
+                    f"node_groups.{index}.instance_types: a capacity reservation holds one instance type, so a "
+                    "group with a capacity_reservation_id has no fallback types; give instance_type only"
+                )
         self._check_storage()
         copy_to = self.checkpoints.copy_to or ""
         if copy_to.startswith("s3://") and self.provider != "aws":

@@ -95,7 +95,13 @@ class NodeGroup(NodeSize):
         "...). Default: true on RDMA sizes.",
     )
     capacity_reservation_id: str | None = Field(
-        None, pattern=r"^cr-[0-9a-f]{8,17}$", description="aws: launch into this capacity reservation (cr-...)."
+        None,
+        pattern=r"^cr-[0-9a-f]{8,17}$",
+        description="aws: launch into this capacity reservation (cr-...): an On-Demand Capacity Reservation or a "
+        "Capacity Block (checked with DescribeCapacityReservations before anything is created: active, the "
+        "group's instance type and the subnet's zone, room for the group; a block's nodes launch with market type "
+        "capacity-block, outside any placement group of ours, in a static group, and Slurm keeps jobs off them "
+        "from 30 minutes before the block ends, when EC2 starts terminating its instances).",
     )
     placement_group: bool | Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/+=@-]+$", max_length=255)] | None = Field(
         None,

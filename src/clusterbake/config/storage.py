@@ -78,7 +78,9 @@ class FsxLustreStorage(StorageBase):
     s3_path: str | None = Field(
         None,
         pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
-        description="s3://bucket[/prefix] linked as a data repository: imported on creation, changes exported.",
+        description="s3://bucket[/prefix] linked as a data repository (a data repository association of /): "
+        "imported on creation, new, changed and deleted files exported automatically, within minutes; `cluster "
+        "down` deletes the file system, and what was not exported by then is lost.",
     )
     retain: bool = Field(False, description="Keep the file system (and its data) on `cluster down`.")
 

@@ -139,3 +139,92 @@ def check_image(client, config: ClusterConfig, ami_id: str, infos: dict[str, Ins
         archs = infos[value].architectures
         if architecture and archs and architecture not in archs:
             raise ConfigError(f"{field}: {value} runs {'/'.join(archs)}, but {ami_id} is {architecture}")
+
+
+# EC2 starts terminating a Capacity Block's instances this long before the block ends (User Guide,
+# "Monitor Capacity Blocks using EventBridge": the warning 40 minutes before says "in 10 minutes").
+CAPACITY_BLOCK_END_NOTICE = 30 * 60
+
+
+def describe_reservations(client, config: ClusterConfig) -> dict[str, dict]:
+    """Each group's capacity reservation as DescribeCapacityReservations has it (group name -> reservation);
+    one EC2 does not know is left out."""
+    found: dict[str, dict] = {}
+    for group in config.node_groups:
+        if not group.capacity_reservation_id:
+            continue
+        try:
+            answer = call(client.describe_capacity_reservations, CapacityReservationIds=[group.capacity_reservation_id])
+        except ClientError as exc:
+            if error_code(exc).startswith("InvalidCapacityReservationId"):
+                continue
+            raise
+        found[group.name] = answer["CapacityReservations"][0]
+    return found
+
+
+def check_capacity_reservations(client, config: ClusterConfig, zone: str) -> dict[str, dict]:
+    """describe_reservations, refused where EC2 would refuse the group's launches (User Guide, "Launch
+    instances into an existing Capacity Reservation": matching type and zone, room, active; "Launch
+    instances using Capacity Blocks")."""
+    found = describe_reservations(client, config)
+    for index, group in enumerate(config.node_groups):
+        if not group.capacity_reservation_id:
+            continue
+        field = f"node_groups.{index}.capacity_reservation_id"
+        if group.name not in found:
+            raise ConfigError(
+                f"{field}: no capacity reservation {group.capacity_reservation_id} in {config.aws.region}"
+            )
+        _check_reservation(field, group, found[group.name], zone)
+    return found
+
+
+def _check_reservation(field: str, group, reservation: dict, zone: str) -> None:
+    reservation_id = reservation["CapacityReservationId"]
+    block = reservation.get("ReservationType") == "capacity-block"
+    state = reservation.get("State")
+    if state == "scheduled":
+        raise ConfigError(
+            f"{field}: {reservation_id} starts at {reservation.get('StartDate')}; its instances cannot launch before "
+            "then: run `cluster up` once it is active"
+        )
+    if state != "active":
+        raise ConfigError(f"{field}: {reservation_id} is {state}; name an active reservation")
+    if reservation.get("InstanceType") != group.instance_type:
+        raise ConfigError(
+            f"{field}: {reservation_id} holds {reservation.get('InstanceType')}, not the group's {group.instance_type}"
+        )
+    if reservation.get("AvailabilityZone") != zone:
+        raise ConfigError(
+            f"{field}: {reservation_id} is in {reservation.get('AvailabilityZone')}, but aws.subnet_id is in {zone}; "
+            "use a subnet in the reservation's zone"
+        )
+    if group.max_nodes > reservation.get("TotalInstanceCount", 0):
+        raise ConfigError(
+            f"{field}: {reservation_id} holds {reservation.get('TotalInstanceCount')} instances; the group has "
+            f"{group.max_nodes} nodes"
+        )
+    reserved_group = (reservation.get("PlacementGroupArn") or "").rpartition("placement-group/")[2] or None
+    placement_field = field.replace("capacity_reservation_id", "placement_group")
+    if block:
+        if group.elastic:
+            raise ConfigError(
+                f"{field}: {reservation_id} is a Capacity Block, paid for the whole block: give the group a count "
+                "(static nodes), not min_count/max_count"
+            )
+        if group.wants_placement_group:
+            raise ConfigError(
+                f"{placement_field}: EC2 places a Capacity Block's instances itself (UltraClusters); set "
+                "placement_group: false"
+            )
+    elif reserved_group and group.existing_placement_group != reserved_group:
+        raise ConfigError(
+            f"{placement_field}: {reservation_id} is in placement group {reserved_group}; instances outside it do not "
+            f"match the reservation: set placement_group: {reserved_group}"
+        )
+    elif not reserved_group and group.wants_placement_group:
+        raise ConfigError(
+            f"{placement_field}: {reservation_id} is in no placement group, and instances in one do not match it: set "
+            "placement_group: false"
+        )

@@ -7,6 +7,8 @@ import shutil
 from functools import cached_property
 from pathlib import Path
 
+import hostlist
+
 from clusterbake import remote
 from clusterbake.config import ClusterConfig, NodeGroup
 from clusterbake.errors import ClusterbakeError, ConfigError
@@ -55,6 +57,7 @@ class AwsProvider(CloudProvider):
         self._zone: str | None = None
         self._subnet: dict | None = None
         self._infos: dict[str, InstanceTypeInfo] | None = None
+        self._reservations: dict[str, dict] | None = None
         self._clients: dict[str, object] = {}
         self._kms_key_arn: str | None = None
 
@@ -143,6 +146,7 @@ class AwsProvider(CloudProvider):
             storage.check_storage(self.api("efs"), self.api("fsx"), self.api("s3"), self.config.storage)
         checks.check_checkpoint_bucket(self.api("s3"), self.config)
         checks.check_existing_placement_groups(self.client, self.config)
+        self._reservations = checks.check_capacity_reservations(self.client, self.config, self._zone)
         _ = self.kms_key_arn  # an unknown aws.kms_key_id is a config error, found before anything is created
         self.addresses()  # a subnet too small for the planned nodes is a config error
 
@@ -151,6 +155,17 @@ class AwsProvider(CloudProvider):
         if self._zone is None:
             self._zone = self.subnet["AvailabilityZone"]
         return self._zone
+
+    @property
+    def reservations(self) -> dict[str, dict]:
+        """Each node group's capacity reservation (DescribeCapacityReservations), by group name."""
+        if self._reservations is None:
+            self._reservations = checks.check_capacity_reservations(self.client, self.config, self.zone)
+        return self._reservations
+
+    def _capacity_block(self, group: NodeGroup | None) -> bool:
+        reservation = self.reservations.get(group.name) if group else None
+        return bool(reservation and reservation.get("ReservationType") == "capacity-block")
 
     @property
     def infos(self) -> dict[str, InstanceTypeInfo]:
@@ -190,7 +205,9 @@ class AwsProvider(CloudProvider):
         for name, endpoint in sorted(endpoints.items()):
             say(f"    {endpoint['type']} {endpoint['file_system_id']} for storage {name}")
         for group in self.config.node_groups:
-            join_secrets.ensure_secret(self.api("secretsmanager"), cluster, group.name, self.aws.kms_key_id)
+            join_secrets.ensure_secret(
+                self.api("secretsmanager"), cluster, group.name, self.kms_key_arn, kms=self.api("kms")
+            )
         templates = self._ensure_templates(ami_id, group_id, profile, iam.head_role_name(cluster))
         # The head's role launches and terminates elastic nodes (its power program): from the
         # compute groups' templates only, passing the node role only.
@@ -242,14 +259,15 @@ class AwsProvider(CloudProvider):
         current = [a for a in found if a.get("State") in ("associating", "associated")]
         if current and current[0].get("IamInstanceProfile", {}).get("Arn", "").endswith(f"/{profile}"):
             return
+        # The head's profile may be seconds old: EC2 refuses it until IAM has spread it (realcloud A11).
         if current:
-            call(
+            iam.call_while_profile_not_ready(
                 self.client.replace_iam_instance_profile_association,
                 AssociationId=current[0]["AssociationId"],
                 IamInstanceProfile={"Name": profile},
             )
         else:
-            call(
+            iam.call_while_profile_not_ready(
                 self.client.associate_iam_instance_profile,
                 InstanceId=head["InstanceId"],
                 IamInstanceProfile={"Name": profile},
@@ -281,6 +299,7 @@ class AwsProvider(CloudProvider):
                 placement_group=pg_name,
                 spot=bool(group and group.spot),
                 capacity_reservation_id=group.capacity_reservation_id if group else None,
+                capacity_block=self._capacity_block(group),
                 key_name=self.aws.key_name,
                 instance_profile=profile if group else head_profile,
             )
@@ -589,6 +608,8 @@ class AwsProvider(CloudProvider):
             # Compute nodes fetch their bundle themselves (role cloud_boot): Ansible only keeps it.
             "node_join_self_join": True,
         }
+        if blocks := self._capacity_block_reservations():
+            extra["clusterbake_slurm_reservations"] = blocks
         if any(entry.type == "nfs" for entry in self.config.effective_storage()):
             # The head's NFS exports admit the cluster's subnet (the security group admits only the cluster).
             extra["clusterbake_subnet_cidr"] = self.subnet["CidrBlock"]
@@ -600,6 +621,26 @@ class AwsProvider(CloudProvider):
             extra |= {"slurm_power_provider": "aws", "slurm_power_aws": self._power_vars(addresses, infos)}
         planned = {n.name: self._planned_host_vars(n) for n in self.nodes if n.name not in named}
         return aws_inventory(self.config, instances, infos, extra, addresses=addresses, planned_vars=planned)
+
+    def _capacity_block_reservations(self) -> list[dict]:
+        """A Slurm maintenance reservation on each Capacity Block group's nodes from the time EC2 starts
+        terminating the block's instances (role slurm, slurm_reservations): no job is started there that
+        would still run then."""
+        blocks = []
+        for name, reservation in checks.describe_reservations(self.client, self.config).items():
+            if reservation.get("ReservationType") != "capacity-block" or not reservation.get("EndDate"):
+                continue
+            nodes = [n.name for n in self.nodes if n.nodegroup == name]
+            start = reservation["EndDate"].timestamp() - checks.CAPACITY_BLOCK_END_NOTICE
+            blocks.append(
+                {
+                    "name": f"clusterbake-block-end-{name}",
+                    "nodes": hostlist.collect_hostlist(nodes),
+                    "start_epoch": int(start),
+                    "reason": f"Capacity Block {reservation['CapacityReservationId']} ends at {reservation['EndDate']}",
+                }
+            )
+        return blocks
 
     def _placement_group(self, group: NodeGroup | None) -> str | None:
         """The cluster placement group a node group launches into: an existing one it names, or its own."""

@@ -165,6 +165,7 @@ def template_data(
     placement_group: str | None = None,
     spot: bool = False,
     capacity_reservation_id: str | None = None,
+    capacity_block: bool = False,
     key_name: str | None = None,
     instance_profile: str | None = None,
 ) -> dict:
@@ -194,6 +195,10 @@ def template_data(
             "MarketType": "spot",
             "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
         }
+    if capacity_block:
+        # A Capacity Block's reservation takes only launches of this market type (User Guide,
+        # "Launch instances using Capacity Blocks").
+        data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     if capacity_reservation_id:
         data["CapacityReservationSpecification"] = {
             "CapacityReservationTarget": {"CapacityReservationId": capacity_reservation_id}

@@ -20,11 +20,13 @@ by name (DescribeSecret is consistent).
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from clusterbake.errors import ClusterbakeError
+from clusterbake.progress import say
 from clusterbake.providers.aws import tags
 from clusterbake.providers.aws.api import call, error_code, paginate
 
@@ -54,14 +56,44 @@ def _check_owner(secret: dict, cluster: str) -> None:
         )
 
 
-def ensure_secret(sm, cluster: str, nodegroup: str, kms_key_id: str | None = None) -> str:
+# A name force-deleted moments ago is still held while Secrets Manager deletes it in the
+# background (DeleteSecret: "use appropriate back off and retry logic"): `down` then `up`.
+NAME_RELEASE_WAIT = 120.0
+BEING_DELETED = "InvalidRequestException"
+
+
+def ensure_secret(sm, cluster: str, nodegroup: str, kms_key_arn: str | None = None, kms=None) -> str:
     """The ARN of the node group's secret, created without a value when missing.
 
-    `kms_key_id` (best a key ARN, iam.resolve_kms_key) encrypts it; None: the AWS managed
-    key. An existing secret whose key differs is switched (UpdateSecret re-encrypts the
-    AWSCURRENT/AWSPREVIOUS versions). A secret of this cluster scheduled for deletion is
-    restored; one not tagged for this cluster is refused.
+    `kms_key_arn` (iam.resolve_kms_key) encrypts it; None: the AWS managed key. An existing
+    secret under another key is switched (UpdateSecret re-encrypts the AWSCURRENT/AWSPREVIOUS
+    versions); DescribeSecret names its key by key ID or alias ARN, so that is resolved
+    (DescribeKey, `kms`) before it is compared. A secret of this cluster scheduled for
+    deletion is restored; one not tagged for this cluster is refused. A name still being
+    deleted (a force delete moments ago) is waited for, up to NAME_RELEASE_WAIT.
     """
+    name = secret_name(cluster, nodegroup)
+    deadline = time.monotonic() + NAME_RELEASE_WAIT
+    while True:
+        try:
+            secret = _existing_or_created(sm, cluster, nodegroup, kms_key_arn)
+            break
+        except ClientError as exc:
+            if error_code(exc) != BEING_DELETED or time.monotonic() > deadline:
+                raise
+            say(f"    secret {name}: still being deleted, retrying")
+            time.sleep(2)
+    if secret.get("KmsKeyId") is not None or kms_key_arn:
+        held = secret.get("KmsKeyId")
+        if held and kms is not None and held != kms_key_arn:
+            held = call(kms.describe_key, KeyId=held)["KeyMetadata"]["Arn"]
+        if (held or None) != (kms_key_arn or None):
+            call(sm.update_secret, SecretId=name, KmsKeyId=kms_key_arn or AWS_MANAGED_KEY)
+    return secret["ARN"]
+
+
+def _existing_or_created(sm, cluster: str, nodegroup: str, kms_key_arn: str | None) -> dict:
+    """DescribeSecret's answer for the secret, made (CreateSecret) or restored first where needed."""
     name = secret_name(cluster, nodegroup)
     secret = _describe(sm, name)
     if secret is None:
@@ -70,10 +102,10 @@ def ensure_secret(sm, cluster: str, nodegroup: str, kms_key_id: str | None = Non
             "Description": f"clusterbake cluster {cluster}: join bundle of node group {nodegroup} (munge key)",
             "Tags": tags.as_list({tags.CLUSTER: cluster, tags.NODEGROUP: nodegroup}),
         }
-        if kms_key_id:
-            params["KmsKeyId"] = kms_key_id
+        if kms_key_arn:
+            params["KmsKeyId"] = kms_key_arn
         try:
-            return call(sm.create_secret, **params)["ARN"]
+            return {**call(sm.create_secret, **params), "KmsKeyId": kms_key_arn}
         except ClientError as exc:
             if error_code(exc) != "ResourceExistsException":
                 raise
@@ -83,9 +115,7 @@ def ensure_secret(sm, cluster: str, nodegroup: str, kms_key_id: str | None = Non
     _check_owner(secret, cluster)
     if secret.get("DeletedDate"):
         call(sm.restore_secret, SecretId=name)
-    if (secret.get("KmsKeyId") or None) != (kms_key_id or None):
-        call(sm.update_secret, SecretId=name, KmsKeyId=kms_key_id or AWS_MANAGED_KEY)
-    return secret["ARN"]
+    return secret
 
 
 def _current(sm, name: str) -> tuple[str | None, str | None]:

@@ -11,12 +11,13 @@ by those tags (EFS: by its CreationToken `clusterbake-<cluster>-<name>` first).
   cluster's subnet with the cluster's security group (whose all-traffic-from-itself
   rule lets the nodes reach NFS on 2049). Nodes mount the mount target's address.
 - FSx for Lustre: in the subnet with the cluster's security group (Lustre needs 988
-  and 1018-1023 both ways: the same rule). SCRATCH_2 with `s3_path`: ImportPath and
-  ExportPath (the same prefix), AutoImportPolicy NEW_CHANGED_DELETED. PERSISTENT_2
-  with `s3_path`: once the file system is available, a data repository association of
-  `/` with the path (automatic import and export of new, changed and deleted objects,
-  metadata imported on creation). Deleting the file system deletes the association;
-  what was not exported yet is lost.
+  and 1018-1023 both ways: the same rule). With `s3_path` (SCRATCH_2 and PERSISTENT_2):
+  once the file system is available, a data repository association of `/` with the path
+  (automatic import and export of new, changed and deleted objects, metadata imported on
+  creation). Not the legacy ImportPath/ExportPath of SCRATCH_2: on Lustre 2.12 and later
+  that exports nothing by itself (FSx user guide, "Working with older deployment types":
+  export only through export tasks; realcloud review A7). Deleting the file system
+  deletes the association; what was not exported yet is lost.
 
 Every file system is first asked for, then waited on, so that several are created
 (and deleted) at the same time: FSx takes 5 to 20 minutes. Errors name the entry as
@@ -299,8 +300,6 @@ def fsx_create_params(cluster: str, entry, subnet_id: str, security_group_id: st
     lustre: dict[str, Any] = {"DeploymentType": entry.deployment_type}
     if entry.deployment_type == "PERSISTENT_2":
         lustre["PerUnitStorageThroughput"] = entry.throughput_per_tib
-    elif entry.s3_path:
-        lustre |= {"ImportPath": entry.s3_path, "ExportPath": entry.s3_path, "AutoImportPolicy": "NEW_CHANGED_DELETED"}
     return {
         "ClientRequestToken": _client_token(cluster, entry.name),
         "FileSystemType": "LUSTRE",
@@ -381,7 +380,7 @@ def _dra_state(fsx, association_id: str) -> tuple[str | None, str]:
 
 
 def _fsx_link(fsx, cluster: str, index: int, entry, file_system_id: str, *, sleep: Sleep, timeout: float) -> None:
-    """PERSISTENT_2 with s3_path: the data repository association of `/`, available."""
+    """An entry with s3_path: the data repository association of `/`, available."""
     label = _label(index, entry)
     existing = paginate(
         fsx,
@@ -464,7 +463,7 @@ def ensure_file_systems(
             endpoints[entry.name] = _efs_endpoint(fs_id, target, region)
         else:
             fs = _fsx_wait(fsx, index, entry, fs_id, sleep=sleep, timeout=fsx_timeout)
-            if ours and entry.s3_path and entry.deployment_type == "PERSISTENT_2":
+            if ours and entry.s3_path:
                 _fsx_link(fsx, cluster, index, entry, fs_id, sleep=sleep, timeout=fsx_timeout)
             endpoints[entry.name] = _fsx_endpoint(fs)
     return endpoints

@@ -302,10 +302,13 @@ class Twin:
             },
         }
 
-    def credentials(self, instance_id: str, role_name: str) -> dict[str, Any]:
-        """What EC2 does for an instance profile: an STS session of the role, renewed before it ends."""
+    def credentials(self, instance_id: str, role_name: str) -> dict[str, Any] | None:
+        """What EC2 does for an instance profile: an STS session of the role, renewed before it ends;
+        None while the role is too new (iam_spread)."""
         from moto.iam.models import iam_backends
         from moto.sts.models import sts_backends
+
+        from clusterbake.twins.aws import iam_spread
 
         key = (instance_id, role_name)
         with self.lock:
@@ -313,6 +316,8 @@ class Twin:
             if cached and cached["_expires"] - time.time() > 900:
                 return {k: v for k, v in cached.items() if not k.startswith("_")}
             role = iam_backends[ACCOUNT]["aws"].get_role(role_name)
+            if iam_spread.too_new(role.create_date):
+                return None  # IAM has not spread the new role yet: 404, as EC2's metadata service answers
             session = sts_backends[ACCOUNT]["aws"].assume_role(
                 region_name=self.region,
                 role_session_name=instance_id,

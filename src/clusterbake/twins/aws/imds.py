@@ -45,7 +45,7 @@ VERSION = re.compile(r"^(latest|\d{4}-\d{2}-\d{2})$")
 # user_data (bytes | None), meta (the meta-data tree as nested dicts), identity (dict),
 # role (str | None); credentials(instance_id, role) -> dict for iam/security-credentials.
 Lookup = Callable[[str], dict[str, Any] | None]
-Credentials = Callable[[str, str], dict[str, Any]]
+Credentials = Callable[[str, str], dict[str, Any] | None]
 
 
 def iso(moment: datetime) -> str:
@@ -190,6 +190,9 @@ class MetadataHandler(BaseHTTPRequestHandler):
                     self._send(HTTPStatus.NOT_FOUND)
                     return
                 credentials = self.server.credentials(instance["instance_id"], role)
+                if credentials is None:  # a role IAM has not spread yet
+                    self._send(HTTPStatus.NOT_FOUND)
+                    return
                 self._send(HTTPStatus.OK, json.dumps(credentials, indent=2))
                 return
             if rest[:1] == ["public-keys"]:

@@ -25,6 +25,12 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   or {"p5.48xlarge": {"count": 1, "code": "VcpuLimitExceeded"}}), RunInstances fails with
   that error once the number of non-terminated instances of the type would exceed the
   limit, with EC2's message for the code (CAPACITY_MESSAGES).
+- IAM's eventual consistency: a new instance profile refused by EC2 and a new role's
+  credentials not served for a few seconds; iam_spread.py says how.
+- Secrets Manager's names and keys: a force-deleted name held a while, KmsKeyId as AWS
+  describes it; secret_store.py says how.
+- Capacity reservations and Capacity Blocks: moto has none and launches into any reservation
+  id; reservations.py has EC2's (its own docstring says what it checks).
 - Addresses in use: EC2 refuses RunInstances with InvalidIPAddress.InUse when a requested
   private address is held by any network interface (an instance's, an EFS mount target's,
   any other); moto gives one address to two. A terminated instance's interface is released
@@ -119,9 +125,18 @@ from moto.iam.access_control import (
 from moto.iam.exceptions import InvalidInput
 from moto.secretsmanager.responses import SecretsManagerResponse
 
+from clusterbake.twins.aws import iam_spread, reservations, secret_store
+
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
 # RunInstances parameters a launch template may set and moto does not apply.
-TEMPLATE_KEYS = ("NetworkInterfaces", "IamInstanceProfile", "MetadataOptions", "InstanceMarketOptions", "Placement")
+TEMPLATE_KEYS = (
+    "NetworkInterfaces",
+    "IamInstanceProfile",
+    "MetadataOptions",
+    "InstanceMarketOptions",
+    "Placement",
+    "CapacityReservationSpecification",
+)
 
 
 def _groups(response: EC2Response) -> dict[str, dict]:
@@ -220,16 +235,24 @@ def capacity_limit(value) -> tuple[int, str]:
     return count, code
 
 
+def _instance_type(response: EC2Response) -> str | None:
+    """The request's instance type, else its launch template's."""
+    instance_type = response._get_param("InstanceType")
+    template = response._get_param("LaunchTemplate", {})
+    if not instance_type and template:
+        instance_type = response.ec2_backend._get_template_from_args(template).data.get("InstanceType")
+    return instance_type
+
+
 def _check_capacity(response: EC2Response) -> None:
     path = os.environ.get("MOTO_CAPACITY_FILE")
     if not path or not os.path.exists(path):
         return
     with open(path) as handle:
         limits = json.load(handle)
-    instance_type = response._get_param("InstanceType")
-    template = response._get_param("LaunchTemplate", {})
-    if not instance_type and template:
-        instance_type = response.ec2_backend._get_template_from_args(template).data.get("InstanceType")
+    instance_type = _instance_type(response)
+    if instance_type not in limits or response._get_param("CapacityReservationSpecification"):
+        return  # a reservation's capacity is its own (reservations.py)
     if instance_type not in limits:
         return
     count = int(response._get_param("MinCount", if_none="1"))
@@ -299,12 +322,16 @@ _run_instances = EC2Response.run_instances
 def run_instances(self: EC2Response) -> ActionResult:
     _check_capacity(self)
     _apply_launch_template(self)
+    iam_spread.check_profile(self)
     _apply_imds_support(self)
     _check_addresses(self)
-    if self._get_param("InstanceMarketOptions.MarketType") == "spot":
+    market = self._get_param("InstanceMarketOptions.MarketType")
+    reservation_id = reservations.check_run_instances(self, _instance_type(self))
+    if market == "spot":
         _check_spot_role(self)
     result = _run_instances(self)
-    if self._get_param("InstanceMarketOptions.MarketType") == "spot":
+    reservations.mark_launched(result.result.instances, reservation_id, market)
+    if market == "spot":
         kind = self._get_param("InstanceMarketOptions.SpotOptions.SpotInstanceType") or "one-time"
         for instance in result.result.instances:
             instance.spot_instance_type = kind
@@ -744,6 +771,8 @@ def install() -> None:
             "register_image": register_image,
             "get_console_output": get_console_output,
             "_authenticate_and_authorize_normal_action": authorize_ec2,
+            **reservations.ACTIONS,
+            **iam_spread.ACTIONS,
         },
         SecretsManagerResponse: {
             "_determine_resource": _secret_resource,
@@ -753,6 +782,7 @@ def install() -> None:
         IAMPolicyStatement: {"_check_principal": check_principal},
         iam_models.IAMBackend: {"create_service_linked_role": create_service_linked_role},
         BaseResponse: {"call_action": call_action},
+        **secret_store.PATCHES,
     }
     for cls, methods in patches.items():
         for name, method in methods.items():
