@@ -22,6 +22,7 @@ from awstest import REGION, inventory, live_instances, provisioned, run_cb, smal
 
 from clusterbake.images.store import write_aws_record
 from clusterbake.providers.aws.api import CAPACITY_ERRORS
+from clusterbake.providers.aws.iam import volume_keys as iam_volume_keys
 from clusterbake.providers.userdata import NAME_PLACEHOLDER
 from clusterbake.state import StateDir
 
@@ -85,6 +86,32 @@ def test_up_launches_the_static_nodes_at_their_planned_addresses(moto, elastic):
     assert not others & set(planned.values())
     assert {name: i["PrivateIpAddress"] for name, i in instances.items()} == {name: planned[name] for name in instances}
     assert instances["burst-1"]["InstanceType"] == "c7a.large"  # the primary type
+
+
+def _reserved(moto, network, cluster=CLUSTER) -> set[str]:
+    """Addresses in the cluster's explicit subnet CIDR reservations."""
+    found = moto.ec2().get_subnet_cidr_reservations(SubnetId=network.subnet_id)["SubnetIpv4CidrReservations"]
+    return {
+        str(address)
+        for r in found
+        if tag_map(r).get("clusterbake:cluster") == cluster and r["ReservationType"] == "explicit"
+        for address in ipaddress.ip_network(r["Cidr"])
+    }
+
+
+def test_the_planned_addresses_are_reserved_so_ec2_gives_none_of_them_to_another_interface(moto, elastic, network):
+    """Realcloud review A4: the twin gives out free addresses in no order, as EC2 does; without the
+    reservation some of these interfaces would take the powered-down burst nodes' addresses."""
+    planned = {name: node["address"] for name, node in _state(elastic)["nodes"].items()}
+    assert _reserved(moto, network) == set(planned.values())
+    ec2 = moto.ec2()
+    made = [ec2.create_network_interface(SubnetId=network.subnet_id)["NetworkInterface"] for _ in range(200)]
+    try:
+        assert not {i["PrivateIpAddress"] for i in made} & set(planned.values())
+        assert max(ipaddress.ip_address(i["PrivateIpAddress"]) for i in made) > ipaddress.ip_address("10.50.8.0")
+    finally:
+        for interface in made:
+            ec2.delete_network_interface(NetworkInterfaceId=interface["NetworkInterfaceId"])
 
 
 def test_up_again_launches_nothing(moto, elastic):
@@ -192,6 +219,40 @@ def test_the_head_has_its_own_role_that_may_pass_only_the_node_role(moto, elasti
     }
     assert statements["SeeInstances"]["Resource"] == "*"
     assert not any(s["Action"] == "secretsmanager:GetSecretValue" for s in statements.values())  # never needs one
+    assert "EncryptedVolumes" not in statements  # moto's AMIs have unencrypted volumes, no default key
+
+
+def test_volumes_under_a_customer_managed_key_get_the_head_its_kms_permissions(moto, network, tmp_path):
+    """Realcloud review A8: an AMI whose snapshot is encrypted with a customer managed key, and EBS
+    encryption by default with another: the head's role may use both through EC2 (else its launches
+    end terminated); the AWS managed aws/ebs key needs nothing."""
+    ec2, kms, iam = moto.ec2(), moto.client("kms"), moto.client("iam")
+    snapshot_key, default_key = (kms.create_key()["KeyMetadata"]["Arn"] for _ in range(2))
+    volume = ec2.create_volume(AvailabilityZone="us-east-1a", Size=8, Encrypted=True, KmsKeyId=snapshot_key)
+    snapshot = ec2.create_snapshot(VolumeId=volume["VolumeId"])["SnapshotId"]
+    root = [{"DeviceName": "/dev/xvda", "Ebs": {"SnapshotId": snapshot}}]
+    ami = ec2.register_image(Name="cmk-ami", RootDeviceName="/dev/xvda", Architecture="x86_64",
+                             BlockDeviceMappings=root)["ImageId"]  # fmt: skip
+    assert iam_volume_keys(ec2, kms, ami) == [snapshot_key]  # encryption by default is off
+    ec2.enable_ebs_encryption_by_default()
+    try:
+        assert iam_volume_keys(ec2, kms, ami) == [snapshot_key]  # the default key is aws/ebs
+        ec2.modify_ebs_default_kms_key_id(KmsKeyId=default_key)
+        write_aws_record(StateDir(tmp_path), ami, REGION)
+        config = _config(network) | {"cluster_name": "cmkheads"}
+        run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only")
+        document = iam.get_role_policy(RoleName="clusterbake-cmkheads-head", PolicyName="clusterbake-head")
+        statements = {s["Sid"]: s for s in document["PolicyDocument"]["Statement"]}
+        assert statements["EncryptedVolumes"]["Resource"] == sorted([snapshot_key, default_key])
+        assert statements["EncryptedVolumes"]["Condition"] == {
+            "StringEquals": {"kms:ViaService": f"ec2.{REGION}.amazonaws.com"}
+        }
+        assert statements["EncryptedVolumeGrants"]["Action"] == "kms:CreateGrant"
+        assert statements["EncryptedVolumeGrants"]["Condition"]["Bool"] == {"kms:GrantIsForAWSResource": "true"}
+        run_cb(moto, tmp_path, config, "cluster", "down")
+    finally:
+        ec2.reset_ebs_default_kms_key_id()
+        ec2.disable_ebs_encryption_by_default()
 
 
 def test_a_head_launched_with_the_node_profile_gets_the_heads(moto, elastic):
@@ -322,14 +383,18 @@ def test_growing_max_count_keeps_every_address(moto, elastic, network):
     assert sorted(set(after) - set(before)) == ["burst-4", "burst-5"]
     assert len(set(after.values())) == len(after)
     assert sorted(_instances(moto)) == ["burst-1", "cpu-1", "head"]  # nothing launched for them
+    assert _reserved(moto, network) == set(after.values())
     run_cb(moto, elastic["state_dir"], elastic["config"], "cluster", "up", "--provision-only")
+    assert _reserved(moto, network) == set(before.values())  # burst-4 and -5's released again
 
 
 def test_down_removes_the_head_role_too(moto, network, tmp_path):
     write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     config = _config(network) | {"cluster_name": "elasticdown"}
     run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only")
+    assert _reserved(moto, network, "elasticdown")
     down = run_cb(moto, tmp_path, config, "cluster", "down")
+    assert _reserved(moto, network, "elasticdown") == set()
     assert "removed role clusterbake-elasticdown-head" in down.stderr
     assert "removed instance profile clusterbake-elasticdown-head" in down.stderr
     names = [r["RoleName"] for r in moto.client("iam").list_roles()["Roles"]]

@@ -8,9 +8,11 @@ runs (a subprocess costs about a second, most of it imports).
 from __future__ import annotations
 
 import pytest
+import yaml
 from awstest import REGION, ZONE, example_config
 from clitest import assert_up_refused
 
+from clusterbake.errors import ConfigError
 from clusterbake.images.store import write_aws_record
 from clusterbake.state import StateDir
 
@@ -119,3 +121,46 @@ def test_config_error_names_the_field_and_creates_nothing(moto, network, tmp_pat
     assert ec2.describe_security_groups(Filters=tagged)["SecurityGroups"] == []
     assert ec2.describe_launch_templates(Filters=tagged)["LaunchTemplates"] == []
     assert ec2.describe_instances(Filters=tagged)["Reservations"] == []
+
+
+def _validate(moto, monkeypatch, tmp_path, network, subnet_id: str, vpc_id: str, node_groups=None) -> None:
+    """The aws provider's read-only checks (what `cluster up` runs first) for a config in that subnet."""
+    from clusterbake.config import load_config
+    from clusterbake.providers import get_provider
+
+    for key, value in moto.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CLUSTERBAKE_STATE_DIR", str(tmp_path))
+    config = example_config(network, cluster_name="valegress", partitions=[])
+    config["aws"] |= {"vpc_id": vpc_id, "subnet_id": subnet_id}
+    if node_groups is not None:
+        config["node_groups"] = node_groups
+    path = tmp_path / "egress.yaml"
+    path.write_text(yaml.safe_dump(config))
+    get_provider(load_config(path)).validate()
+
+
+def test_a_subnet_whose_nodes_could_not_reach_secrets_manager_is_refused(moto, network, tmp_path, monkeypatch):
+    """Realcloud review C4: without a NAT route, an interface endpoint or (for single-interface nodes)
+    public addresses, nodes never read their join bundle; said before anything is made."""
+    ec2 = moto.ec2()
+    vpc = ec2.create_vpc(CidrBlock="10.70.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.70.0.0/20", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    with pytest.raises(ConfigError, match=rf"aws.subnet_id: nodes in {subnet} could not reach Secrets Manager"):
+        _validate(moto, monkeypatch, tmp_path, network, subnet, vpc)
+    # A public subnet: fine for single-interface nodes, not for EFA groups' many interfaces.
+    gateway = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    ec2.attach_internet_gateway(InternetGatewayId=gateway, VpcId=vpc)
+    main = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"][0]
+    ec2.create_route(RouteTableId=main["RouteTableId"], DestinationCidrBlock="0.0.0.0/0", GatewayId=gateway)
+    ec2.modify_subnet_attribute(SubnetId=subnet, MapPublicIpOnLaunch={"Value": True})
+    with pytest.raises(ConfigError, match=r"EFA groups \(gpu\) have several interfaces"):
+        _validate(moto, monkeypatch, tmp_path, network, subnet, vpc)
+    _validate(
+        moto, monkeypatch, tmp_path, network, subnet, vpc, [{"name": "cpu", "count": 1, "instance_type": "c7a.large"}]
+    )
+    # An interface endpoint with private DNS: every node reaches it.
+    service = f"com.amazonaws.{REGION}.secretsmanager"
+    ec2.create_vpc_endpoint(VpcId=vpc, ServiceName=service, VpcEndpointType="Interface", SubnetIds=[subnet],
+                            PrivateDnsEnabled=True)  # fmt: skip
+    _validate(moto, monkeypatch, tmp_path, network, subnet, vpc)

@@ -43,6 +43,9 @@ def _config(max_count: int = 2) -> dict:
     config = yaml.safe_load((REPO / "examples" / "aws-twin.yaml").read_text())
     config["cluster_name"] = CLUSTER
     config["node_groups"], config["power"] = elastic_cpu_group(max_count, ["c7a.large", "m7a.large"])
+    # Spot, in the twin's fresh account: its first Spot launch needs the service-linked role the
+    # controller makes (realcloud review A2; the head's role may not make it).
+    config["node_groups"][0]["spot"] = True
     config["node_groups"].append(
         {"name": "block", "count": 1, "instance_type": "c7a.large", "capacity_reservation_id": BLOCK["id"]}
     )
@@ -80,18 +83,25 @@ def elastic(twin_env, tmp_path_factory):
     twin.cb("cluster", "down", timeout=600)
 
 
-def capacity(limits: dict[str, int] | None) -> None:
-    """EC2's capacity on the twin: RunInstances fails beyond `limits` (None: no limit)."""
+def _control(path: str, body: dict | None):
+    """The twin's control socket at `path`: PUT `body`, DELETE (None) or GET (`...`)."""
     from clusterbake.state import StateDir
     from clusterbake.twins.aws import control
 
     state = StateDir(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")))
     if control.read_info(state) is None:
-        return
-    if limits is None:
-        control.request(state, "DELETE", "/capacity")
-    else:
-        assert control.request(state, "PUT", "/capacity", limits) == limits
+        return None
+    if body is ...:
+        return control.request(state, "GET", path)
+    if body is None:
+        return control.request(state, "DELETE", path)
+    assert control.request(state, "PUT", path, body) == body
+    return body
+
+
+def capacity(limits: dict[str, int] | None) -> None:
+    """EC2's capacity on the twin: RunInstances fails beyond `limits` (None: no limit)."""
+    _control("/capacity", limits)
 
 
 def head(twin: Twin, command: str, **kwargs):
@@ -114,16 +124,28 @@ def test_elastic_nodes_start_powered_down_without_instances(elastic):
 
 
 def test_a_job_powers_both_nodes_up_through_the_heads_resume_program(elastic):
+    """Spot instances in a fresh account, and Secrets Manager dropping the first fetches' connections:
+    eleven, so that one of the two nodes loses all six of botocore's attempts of its first fetch (its
+    `max_attempts: 5` retries; the two fetch side by side); each node still joins, on its own retry."""
     planned = {n: node_status(elastic)[n]["address"] for n in NODES}
-    job, took = submit_and_time_the_start(elastic, "-N2 -o /shared/up.out", "srun hostname; sleep 20")
+    _control("/faults", {"GetSecretValue": {"fault": "drop", "times": 11}})
+    try:
+        job, took = submit_and_time_the_start(elastic, "-N2 -o /shared/up.out", "srun hostname; sleep 20")
+        left = _control("/faults", ...)
+    finally:
+        _control("/faults", None)
     print(f"\nsbatch -N2 on powered-down twin nodes to RUNNING: {took:.1f}s")
+    assert "GetSecretValue" not in (left or {}), left  # every dropped connection was a node's fetch
+    waited = []
     for name in NODES:
         instance = elastic.instance(name)
-        assert instance["InstanceType"] == "c7a.large"
+        assert (instance["InstanceType"], instance.get("InstanceLifecycle")) == ("c7a.large", "spot")
         assert instance["PrivateIpAddress"] == planned[name]
         # The head launched it with its own role: the node fetched its bundle and joined by itself.
         fetch = elastic.inside(instance["InstanceId"], "journalctl -u clusterbake-node-fetch --no-pager")
         assert f"joined from secret clusterbake/{CLUSTER}/join/cpu" in fetch.stdout
+        waited += [name] if "waiting for Secrets Manager" in fetch.stdout else []
+    assert waited, "no node's first fetch failed: the faults went elsewhere"
     wait_done(elastic, job)
     assert sorted(head(elastic, "cat /shared/up.out").stdout.split()) == list(NODES)
     log = head(elastic, POWER_LOG).stdout

@@ -145,6 +145,9 @@ class Twin:
         assert [p for p in profiles if self.cluster in p["InstanceProfileName"]] == []
         file_systems = self.client("efs").describe_file_systems()["FileSystems"]
         assert [f for f in file_systems if self.cluster in f["CreationToken"]] == []
+        subnet = self.status()["subnet_id"]
+        reserved = ec2.get_subnet_cidr_reservations(SubnetId=subnet)["SubnetIpv4CidrReservations"]
+        assert [r for r in reserved if {"Key": "clusterbake:cluster", "Value": self.cluster} in r.get("Tags", [])] == []
         # A terminated instance's node goes in the twin's next round (0.25 s apart), not at once.
         wait_for(
             "the twin's nodes gone",

@@ -228,3 +228,63 @@ def _check_reservation(field: str, group, reservation: dict, zone: str) -> None:
             f"{placement_field}: {reservation_id} is in no placement group, and instances in one do not match it: set "
             "placement_group: false"
         )
+
+
+# A default route through one of these reaches AWS's public endpoints from a private address.
+PRIVATE_EGRESS = ("NatGatewayId", "TransitGatewayId", "NetworkInterfaceId", "InstanceId", "VpcPeeringConnectionId")
+
+
+def _route_table(client, subnet: dict) -> dict | None:
+    """The subnet's route table: its own association, else the VPC's main table."""
+    for filters in (
+        [{"Name": "association.subnet-id", "Values": [subnet["SubnetId"]]}],
+        [{"Name": "vpc-id", "Values": [subnet["VpcId"]]}, {"Name": "association.main", "Values": ["true"]}],
+    ):
+        tables = call(client.describe_route_tables, Filters=filters)["RouteTables"]
+        if tables:
+            return tables[0]
+    return None
+
+
+def check_secret_store_reachable(client, config: ClusterConfig, subnet: dict) -> None:
+    """Nodes read their join bundle from Secrets Manager at boot: the subnet needs a way there (realcloud
+    review C4), or they never join. Read-only: the subnet's default route (a NAT gateway or the like; an
+    internet gateway only for addresses a public IP goes with), else a secretsmanager interface endpoint
+    with private DNS in the VPC."""
+    region, subnet_id = config.aws.region, subnet["SubnetId"]
+    table = _route_table(client, subnet) or {}
+    default = next(
+        (
+            r
+            for r in table.get("Routes", [])
+            if r.get("DestinationCidrBlock") == "0.0.0.0/0" and r.get("State") != "blackhole"
+        ),
+        {},
+    )
+    if any(default.get(key) for key in PRIVATE_EGRESS):
+        return
+    endpoints = call(
+        client.describe_vpc_endpoints,
+        Filters=[
+            {"Name": "vpc-id", "Values": [subnet["VpcId"]]},
+            {"Name": "service-name", "Values": [f"com.amazonaws.{region}.secretsmanager"]},
+        ],
+    )["VpcEndpoints"]
+    if any(e.get("PrivateDnsEnabled") and e.get("State", "available").lower() == "available" for e in endpoints):
+        return
+    multi_interface = [g.name for g in config.node_groups if g.efa]
+    if str(default.get("GatewayId", "")).startswith("igw-") and subnet.get("MapPublicIpOnLaunch"):
+        if not multi_interface:
+            return
+        raise ConfigError(
+            f"aws.subnet_id: {subnet_id} reaches the internet through {default['GatewayId']} only, and EFA groups "
+            f"({', '.join(multi_interface)}) have several interfaces, which get no public address: their nodes could "
+            f"not reach Secrets Manager to join. Use a private subnet with a NAT gateway route, or add an interface "
+            f"endpoint com.amazonaws.{region}.secretsmanager with private DNS to {subnet['VpcId']}"
+        )
+    raise ConfigError(
+        f"aws.subnet_id: nodes in {subnet_id} could not reach Secrets Manager to read their join bundle: its route "
+        f"table ({table.get('RouteTableId', 'none')}) has no 0.0.0.0/0 route through a NAT gateway, and "
+        f"{subnet['VpcId']} has no interface endpoint com.amazonaws.{region}.secretsmanager with private DNS. Add "
+        "either (an S3 gateway endpoint too when checkpoints.copy_to is s3://)"
+    )

@@ -261,6 +261,8 @@ class HeadLaunches:
     launch_template_ids: list[str] | tuple[str, ...]
     instance_types: list[str] | tuple[str, ...]
     key_name: str | None = None
+    # Customer managed KMS keys the launched volumes are encrypted with (volume_keys).
+    volume_keys: list[str] | tuple[str, ...] = ()
 
 
 def head_policy(cluster: str, region: str, account: str, launches: HeadLaunches) -> dict:
@@ -331,6 +333,28 @@ def head_policy(cluster: str, region: str, account: str, launches: HeadLaunches)
             "Resource": role_arn(node_role_name(cluster), region, account),
         },
     ]
+    if launches.volume_keys:
+        # EC2 uses a customer managed key for the caller: without these, an instance goes from pending to
+        # terminated (Client.InternalError) while RunInstances said yes (realcloud review A8). Only
+        # through EC2, and grants only for AWS resources (the EBS volumes).
+        via_ec2 = {"kms:ViaService": f"ec2.{region}.amazonaws.com"}
+        keys = sorted(set(launches.volume_keys))
+        statements += [
+            {
+                "Sid": "EncryptedVolumes",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt", "kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncrypt*", "kms:DescribeKey"],
+                "Resource": keys,
+                "Condition": {"StringEquals": via_ec2},
+            },
+            {
+                "Sid": "EncryptedVolumeGrants",
+                "Effect": "Allow",
+                "Action": "kms:CreateGrant",
+                "Resource": keys,
+                "Condition": {"StringEquals": via_ec2, "Bool": {"kms:GrantIsForAWSResource": "true"}},
+            },
+        ]
     # No secret reads: the head is configured by Ansible, never from a join bundle.
     return {"Version": "2012-10-17", "Statement": statements}
 
@@ -618,6 +642,33 @@ def call_while_profile_not_ready(
 
 
 # --- KMS ---------------------------------------------------------------------------
+
+
+def volume_keys(ec2, kms, ami_id: str) -> list[str]:
+    """The customer managed KMS keys (ARNs) an instance of `ami_id` gets volumes encrypted with: its
+    snapshots' keys, and the account's default EBS key when encryption by default is on. AWS managed
+    keys (aws/ebs) need no permission and are left out."""
+    images = call(ec2.describe_images, ImageIds=[ami_id])["Images"]
+    snapshots = [
+        m["Ebs"]["SnapshotId"]
+        for image in images
+        for m in image.get("BlockDeviceMappings", [])
+        if m.get("Ebs", {}).get("SnapshotId")
+    ]
+    keys = set()
+    if snapshots:
+        found = call(ec2.describe_snapshots, SnapshotIds=snapshots)["Snapshots"]
+        keys |= {s["KmsKeyId"] for s in found if s.get("Encrypted") and s.get("KmsKeyId")}
+    if call(ec2.get_ebs_encryption_by_default).get("EbsEncryptionByDefault"):
+        keys.add(call(ec2.get_ebs_default_kms_key_id)["KmsKeyId"])
+    customer = []
+    for key in sorted(keys):
+        if key.rsplit(":", 1)[-1] == "alias/aws/ebs":
+            continue
+        metadata = call(kms.describe_key, KeyId=key)["KeyMetadata"]
+        if metadata.get("KeyManager") == "CUSTOMER":
+            customer.append(metadata["Arn"])
+    return customer
 
 
 def resolve_kms_key(kms, key_id: str) -> str:

@@ -17,7 +17,18 @@ from clusterbake.inventory import build_inventory
 from clusterbake.plan import NodeSpec, plan_nodes
 from clusterbake.progress import say
 from clusterbake.providers import common
-from clusterbake.providers.aws import billing, checks, discover, iam, placement, prices, resources, storage, tags
+from clusterbake.providers.aws import (
+    billing,
+    checks,
+    discover,
+    iam,
+    placement,
+    prices,
+    resources,
+    storage,
+    subnet_reservations,
+    tags,
+)
 from clusterbake.providers.aws import secrets as join_secrets
 from clusterbake.providers.aws.api import (
     CAPACITY_ERRORS,
@@ -114,7 +125,8 @@ class AwsProvider(CloudProvider):
         return self._subnet
 
     def _addresses_in_use(self) -> set[str]:
-        """Private addresses of every network interface in the subnet (other clusters', anyone's)."""
+        """Private addresses of every network interface in the subnet (other clusters', anyone's), and those
+        other clusters (or anyone) reserved explicitly."""
         interfaces = paginate(
             self.client,
             "describe_network_interfaces",
@@ -126,7 +138,7 @@ class AwsProvider(CloudProvider):
             for interface in interfaces
             for address in interface.get("PrivateIpAddresses", [])
             if address.get("PrivateIpAddress")
-        }
+        } | subnet_reservations.held_by_others(self.client, self.aws.subnet_id, self.config.cluster_name)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -141,6 +153,7 @@ class AwsProvider(CloudProvider):
         self._subnet = checks.describe_subnet(self.client, self.config)
         self._zone = self._subnet["AvailabilityZone"]
         checks.check_key_pair(self.client, self.config)
+        checks.check_secret_store_reachable(self.client, self.config, self._subnet)
         self._infos = checks.check_instance_types(self.client, self.config, self.catalogue, self._zone)
         if self.config.storage:
             storage.check_storage(self.api("efs"), self.api("fsx"), self.api("s3"), self.config.storage)
@@ -223,6 +236,7 @@ class AwsProvider(CloudProvider):
                 launch_template_ids=[templates[g.name][0] for g in self.config.node_groups],
                 instance_types=[t for g in self.config.node_groups for t in g.types],
                 key_name=self.aws.key_name,
+                volume_keys=iam.volume_keys(self.client, self.api("kms"), ami_id),
             ),
         )
         say(f"    instance profile {head_profile}{' created' if head_created else ''}")
@@ -230,6 +244,9 @@ class AwsProvider(CloudProvider):
         existing = discover.by_name(discover.cluster_instances(self.client, cluster))
         # Every planned node's address is decided (and kept) now, elastic ones included.
         addresses = self.addresses(discover.machines_of(existing), in_use=self._addresses_in_use())
+        # Kept from EC2's own choices for other interfaces until the cluster goes (realcloud review A4).
+        for change in subnet_reservations.ensure(self.client, self.aws.subnet_id, cluster, addresses.values()):
+            say(f"    planned addresses: {change}")
         if "head" in existing:
             self._ensure_head_profile(existing["head"], head_profile)
         static = [n for n in self.nodes if not n.elastic]
@@ -575,6 +592,7 @@ class AwsProvider(CloudProvider):
         for name in placement.find(self.client, cluster):
             placement.delete(self.client, name)
             removed.append(f"placement group {name}")
+        removed += subnet_reservations.delete_all(self.client, self.aws.subnet_id, cluster)
         for group in resources.find_security_groups(self.client, cluster):
             resources.delete_security_group(self.client, group["GroupId"])
             removed.append(f"security group {group['GroupName']} ({group['GroupId']})")

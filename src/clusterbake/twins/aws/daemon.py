@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterbake.state import open_private
+from clusterbake.twins.aws.egress import add_nat_route
 from clusterbake.twins.runtime import daemon_parser, in_netns, iso, keep_reconciling, log, run_daemon, serve_control
 
 ACCOUNT = "123456789012"
@@ -161,11 +162,14 @@ class Twin:
         # (the administrator's, the instances' role sessions) from the system's CSPRNG: a key
         # drawn after a public seed is one anybody recomputes.
         unpredictable_moto_random()
+        # After the seeded draws, so the ids above stay what they were.
+        nat = add_nat_route(ec2, vpc, subnet)
         key = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]
         iam.delete_access_key(UserName=ADMIN_USER, AccessKeyId=seeded)  # anybody could recompute that one
         settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on, every request is signed and authorized
         log(
-            f"account ready: vpc {vpc}, subnet {subnet}, images {amis}, bucket {CHECKPOINT_BUCKET}; "
+            f"account ready: vpc {vpc}, subnet {subnet} (default route: {nat}), images {amis}, bucket "
+            f"{CHECKPOINT_BUCKET}; "
             "IAM authorization on"
         )
         return {

@@ -25,6 +25,9 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   or {"p5.48xlarge": {"count": 1, "code": "VcpuLimitExceeded"}}), RunInstances fails with
   that error once the number of non-terminated instances of the type would exceed the
   limit, with EC2's message for the code (CAPACITY_MESSAGES).
+- EBS keys: the account's default key, a snapshot's key, an AMI's own snapshots; ebs_keys.py.
+- Subnet addresses: EC2's choice of a free address in no order, tags of CIDR reservations;
+  subnets.py says how.
 - IAM's eventual consistency: a new instance profile refused by EC2 and a new role's
   credentials not served for a few seconds; iam_spread.py says how.
 - Secrets Manager's names and keys: a force-deleted name held a while, KmsKeyId as AWS
@@ -125,7 +128,7 @@ from moto.iam.access_control import (
 from moto.iam.exceptions import InvalidInput
 from moto.secretsmanager.responses import SecretsManagerResponse
 
-from clusterbake.twins.aws import iam_spread, reservations, secret_store
+from clusterbake.twins.aws import ebs_keys, iam_spread, reservations, secret_store, subnets
 
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
 # RunInstances parameters a launch template may set and moto does not apply.
@@ -502,6 +505,7 @@ _register_image = EC2Response.register_image
 
 def register_image(self: EC2Response) -> ActionResult:
     result = _register_image(self)
+    ebs_keys.use_requested_root_snapshot(self, result.result["ImageId"])
     if self._get_param("ImdsSupport") == "v2.0":
         _IMDS_V2_IMAGES.add(result.result["ImageId"])
     return result
@@ -773,6 +777,7 @@ def install() -> None:
             "_authenticate_and_authorize_normal_action": authorize_ec2,
             **reservations.ACTIONS,
             **iam_spread.ACTIONS,
+            **ebs_keys.ACTIONS,
         },
         SecretsManagerResponse: {
             "_determine_resource": _secret_resource,
@@ -783,6 +788,8 @@ def install() -> None:
         iam_models.IAMBackend: {"create_service_linked_role": create_service_linked_role},
         BaseResponse: {"call_action": call_action},
         **secret_store.PATCHES,
+        **subnets.PATCHES,
+        **ebs_keys.PATCHES,
     }
     for cls, methods in patches.items():
         for name, method in methods.items():
