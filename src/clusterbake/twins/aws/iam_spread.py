@@ -26,21 +26,24 @@ def too_new(created: datetime.datetime) -> bool:
     return (now - created).total_seconds() < float(os.environ.get("MOTO_IAM_SPREAD", SPREAD))
 
 
-def check_profile(response: EC2Response) -> None:
-    """The instance profile the request names, refused as EC2 refuses one IAM has not spread yet."""
-    named = response._get_param("IamInstanceProfile", {}) or {}
-    if not named:
-        return
+def named_profile(response: EC2Response, named: dict):
+    """IAM's instance profile that {"Name"} or {"Arn"} names; None when IAM has none (EC2 answers that)."""
     iam = iam_backends[response.current_account][response.partition]
     try:
-        profile = (
+        return (
             iam.get_instance_profile_by_arn(named["Arn"])
             if named.get("Arn")
             else iam.get_instance_profile(named.get("Name", ""))
         )
     except Exception:
-        return  # moto answers an unknown profile itself
-    if too_new(profile.create_date):
+        return None
+
+
+def check_profile(response: EC2Response) -> None:
+    """The instance profile the request names, refused as EC2 refuses one IAM has not spread yet."""
+    named = response._get_param("IamInstanceProfile", {}) or {}
+    profile = named_profile(response, named) if named else None
+    if profile is not None and too_new(profile.create_date):
         field, value = ("arn", named["Arn"]) if named.get("Arn") else ("name", named.get("Name"))
         raise EC2ClientError(
             "InvalidParameterValue",

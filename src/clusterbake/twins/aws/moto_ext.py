@@ -129,6 +129,7 @@ from moto.iam.exceptions import InvalidInput
 from moto.secretsmanager.responses import SecretsManagerResponse
 
 from clusterbake.twins.aws import ebs_keys, iam_spread, reservations, secret_store, subnets
+from clusterbake.twins.aws.filters import matches
 
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
 # RunInstances parameters a launch template may set and moto does not apply.
@@ -168,14 +169,10 @@ def describe_placement_groups(self: EC2Response) -> ActionResult:
     filters = self._filters_from_querystring()
     found = []
     for group in _groups(self).values():
-        tags = {t["Key"]: t["Value"] for t in group["Tags"]}
         if names and group["GroupName"] not in names:
             continue
-        if "group-name" in filters and group["GroupName"] not in filters["group-name"]:
-            continue
-        if any(key.startswith("tag:") and tags.get(key[4:]) not in values for key, values in filters.items()):
-            continue
-        found.append(group)
+        if matches(group, filters, {"group-name": "GroupName"}):
+            found.append(group)
     missing = set(names) - {g["GroupName"] for g in found}
     if missing:
         raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{min(missing)}' is unknown.")
@@ -576,20 +573,8 @@ def _passed_role(response: EC2Response) -> str | None:
     template_ref = response._get_param("LaunchTemplate", {}) or {}
     if not profile and template_ref:
         profile = response.ec2_backend._get_template_from_args(template_ref).data.get("IamInstanceProfile") or {}
-    if not profile:
-        return None
-    from moto.iam.models import iam_backends
-
-    iam = iam_backends[response.current_account]["aws"]
-    try:
-        found = (
-            iam.get_instance_profile_by_arn(profile["Arn"])
-            if profile.get("Arn")
-            else iam.get_instance_profile(profile.get("Name", ""))
-        )
-    except Exception:
-        return None  # EC2 answers an unknown profile itself
-    return found.roles[0].arn if found.roles else None
+    found = iam_spread.named_profile(response, profile) if profile else None
+    return found.roles[0].arn if found is not None and found.roles else None
 
 
 class _PassRoleRequest(IAMRequest):

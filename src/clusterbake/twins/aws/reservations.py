@@ -37,6 +37,8 @@ from moto.core.responses import ActionResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
 
+from clusterbake.twins.aws.filters import matches
+
 _RESERVATIONS: dict[tuple[str, str], dict[str, dict]] = {}
 _OFFERINGS: dict[str, dict] = {}
 _NUMBERS = itertools.count(1)
@@ -134,14 +136,8 @@ def describe_capacity_reservations(self: EC2Response) -> ActionResult:
     found = []
     for reservation in (store[i] for i in ids) if ids else store.values():
         view = _view(self, reservation)
-        tags = {t["Key"]: t["Value"] for t in view["Tags"]}
-        if "state" in filters and view["State"] not in filters["state"]:
-            continue
-        if "instance-type" in filters and view["InstanceType"] not in filters["instance-type"]:
-            continue
-        if any(key.startswith("tag:") and tags.get(key[4:]) not in values for key, values in filters.items()):
-            continue
-        found.append(view)
+        if matches(view, filters, {"state": "State", "instance-type": "InstanceType"}):
+            found.append(view)
     return ActionResult({"CapacityReservations": found})
 
 
