@@ -568,3 +568,51 @@ def test_a_fresh_accounts_first_spot_launch_needs_the_spot_role_the_controller_m
         with pytest.raises(ClientError, match="has been taken in this account"):
             roles.create_service_linked_role(AWSServiceName="spot.amazonaws.com")
         assert ec2.run_instances(**spot)["Instances"][0]["InstanceLifecycle"] == "spot"
+
+
+def test_volumes_under_a_key_the_launcher_may_not_use_end_the_instance_and_the_power_program_says_why(
+    tmp_path_factory, monkeypatch
+):
+    """realcloud review A8, with authorization on: EBS encryption by default under a customer managed key.
+    A role that may launch but not use the key gets a yes from RunInstances and an instance that ends
+    terminated with Client.InternalError (the twin, as EC2); the power program reports that as the node's
+    failure instead of "ok". With the head policy's KMS statements (through EC2 only) it runs."""
+    import programs
+
+    with authorizing_server(tmp_path_factory.mktemp("moto-cmk")) as (client, session):
+        admin_ec2, kms = client("ec2"), client("kms")
+        key = kms.create_key()["KeyMetadata"]["Arn"]
+        admin_ec2.enable_ebs_encryption_by_default()
+        admin_ec2.modify_ebs_default_kms_key_id(KmsKeyId=key)
+        image = admin_ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        assert iam.volume_keys(admin_ec2, kms, image) == [key]
+        launch = {"ImageId": image, "InstanceType": "c7a.large", "MinCount": 1, "MaxCount": 1}
+        launches_only = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}],
+        }
+        ec2 = client("ec2", **session("launcher", launches_only))
+        instance = ec2.run_instances(**launch)["Instances"][0]
+        ended = ec2.describe_instances(InstanceIds=[instance["InstanceId"]])["Reservations"][0]["Instances"][0]
+        assert ended["State"]["Name"] == "terminated"
+        assert ended["StateReason"]["Code"] == "Client.InternalError"
+
+        power = tmp_path_factory.mktemp("power")
+        module = programs.power_program(monkeypatch, power / "state.json")
+        settings = {"provider": "aws", "capacity_cooldown": 300, "log": str(power / "power.log"),
+                    "aws": {"cluster": "cmk", "groups": {}, "capacity_errors": []}}  # fmt: skip
+        backend = module.aws.AwsBackend(settings, client=ec2, sleep=lambda _: None)
+        with pytest.raises(module.aws.LaunchEnded, match=r"ended while starting: Client.InternalError"):
+            backend.settle(instance)
+        assert "Client.InternalError" in backend.failure("gpu-1", module.aws.LaunchEnded("x Client.InternalError"))
+
+        head = iam.head_policy("cmk", REGION, ACCOUNT, iam.HeadLaunches(
+            subnet_id="subnet-0", security_group_id="sg-0", image_id=image, launch_template_ids=["lt-0"],
+            instance_types=["c7a.large"], volume_keys=[key]))  # fmt: skip
+        kms_statements = [s for s in head["Statement"] if s["Sid"].startswith("EncryptedVolume")]
+        allowed = {"Version": "2012-10-17", "Statement": [*launches_only["Statement"], *kms_statements]}
+        ec2 = client("ec2", **session("launcher-with-key", allowed))
+        running = ec2.run_instances(**launch)["Instances"][0]
+        backend._client = ec2
+        backend.settle(running)  # no LaunchEnded
+        admin_ec2.terminate_instances(InstanceIds=[running["InstanceId"]])

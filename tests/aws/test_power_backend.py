@@ -131,6 +131,15 @@ def _launched(instance_id, instance_type):
     return {"Instances": [{"InstanceId": instance_id, "InstanceType": instance_type, "State": {"Name": "pending"}}]}
 
 
+def _launches(stub, instance_id, instance_type, expected=None, then="running", reason=None):
+    """RunInstances answers (pending), then the program's look at the new instance finds it `then`."""
+    stub.add_response("run_instances", _launched(instance_id, instance_type), expected)
+    seen = {"InstanceId": instance_id, "InstanceType": instance_type, "State": {"Name": then}}
+    if reason:
+        seen["StateReason"] = reason
+    stub.add_response("describe_instances", {"Reservations": [{"Instances": [seen]}]}, {"InstanceIds": [instance_id]})
+
+
 def test_exact_run_instances_request_of_an_efa_node(program, tmp_path):
     client = ec2_client()
     backend = _backend(program, tmp_path, client)
@@ -138,7 +147,7 @@ def test_exact_run_instances_request_of_an_efa_node(program, tmp_path):
     with Stubber(client) as stub:
         _describe(stub, ["gpu-2"])
         expected = _expected("gpu-2", "p4d.24xlarge", "10.0.0.250", settings)
-        stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"), expected)
+        _launches(stub, "i-0000000000000000a", "p4d.24xlarge", expected)
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
         stub.assert_no_pending_responses()
     interfaces = expected["NetworkInterfaces"]
@@ -149,6 +158,22 @@ def test_exact_run_instances_request_of_an_efa_node(program, tmp_path):
     ] + [(card, 0, "efa-only") for card in range(1, 4)]
     assert interfaces[0]["PrivateIpAddress"] == "10.0.0.250"
     assert all("PrivateIpAddress" not in i for i in interfaces[1:])
+
+
+def test_an_instance_ec2_ends_while_it_starts_is_the_nodes_failure_with_ec2s_reason(program, tmp_path):
+    """Realcloud review A8: RunInstances says yes, then EC2 ends the instance (volumes under a KMS key the
+    head may not use). The node's resume fails with EC2's reason instead of "ok" and a ResumeTimeout."""
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    settings = _settings()
+    reason = {"Code": "Client.InternalError", "Message": "Client.InternalError: Client error on launch"}
+    with Stubber(client) as stub:
+        _describe(stub, ["gpu-2"])
+        expected = _expected("gpu-2", "p4d.24xlarge", "10.0.0.250", settings)
+        _launches(stub, "i-0000000000000000a", "p4d.24xlarge", expected, then="terminated", reason=reason)
+        result = backend.power("start", ["gpu-2"])["gpu-2"]
+        stub.assert_no_pending_responses()
+    assert result.startswith("p4d.24xlarge: i-0000000000000000a ended while starting: Client.InternalError"), result
 
 
 def test_capacity_fallover_order_and_cool_down(program, tmp_path):
@@ -164,18 +189,14 @@ def test_capacity_fallover_order_and_cool_down(program, tmp_path):
             http_status_code=500,
             expected_params=_expected("gpu-2", "p4d.24xlarge", "10.0.0.250", settings),
         )
-        stub.add_response(
-            "run_instances",
-            _launched("i-0000000000000000b", "p4de.24xlarge"),
-            _expected("gpu-2", "p4de.24xlarge", "10.0.0.250", settings),
+        _launches(
+            stub, "i-0000000000000000b", "p4de.24xlarge", _expected("gpu-2", "p4de.24xlarge", "10.0.0.250", settings)
         )
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
         # The next node within the cool-down goes straight to p4de.24xlarge.
         _describe(stub, ["gpu-3"])
-        stub.add_response(
-            "run_instances",
-            _launched("i-0000000000000000c", "p4de.24xlarge"),
-            _expected("gpu-3", "p4de.24xlarge", "10.0.0.249", settings),
+        _launches(
+            stub, "i-0000000000000000c", "p4de.24xlarge", _expected("gpu-3", "p4de.24xlarge", "10.0.0.249", settings)
         )
         assert backend.power("start", ["gpu-3"]) == {"gpu-3": "ok"}
         stub.assert_no_pending_responses()
@@ -195,7 +216,7 @@ def test_every_capacity_error_falls_over(program, tmp_path, code):
     with Stubber(client) as stub:
         _describe(stub, ["gpu-2"])
         stub.add_client_error("run_instances", code, "no")
-        stub.add_response("run_instances", _launched("i-0000000000000000b", "p4de.24xlarge"))
+        _launches(stub, "i-0000000000000000b", "p4de.24xlarge")
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
 
 
@@ -229,7 +250,7 @@ def test_an_address_a_terminated_instance_still_holds_is_waited_for(program, tmp
             stub.add_client_error(
                 "run_instances", "InvalidIPAddress.InUse", "Address 10.0.0.250 is in use.", expected_params=expected
             )
-        stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"), expected)
+        _launches(stub, "i-0000000000000000a", "p4d.24xlarge", expected)
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
         stub.assert_no_pending_responses()
     assert sleeps == [program.cloud.ADDRESS_POLL] * 2
@@ -257,7 +278,7 @@ def test_throttling_is_retried(program, tmp_path):
         stub.add_client_error("describe_instances", "RequestLimitExceeded", "slow down")
         _describe(stub, ["gpu-2"])
         stub.add_client_error("run_instances", "RequestLimitExceeded", "slow down")
-        stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"))
+        _launches(stub, "i-0000000000000000a", "p4d.24xlarge")
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
     assert len(sleeps) == 2 and all(0.25 <= s <= 0.5 for s in sleeps)  # the first wait, with jitter
 
@@ -271,7 +292,7 @@ def test_a_server_error_is_retried_but_a_capacity_500_falls_over(program, tmp_pa
         stub.add_client_error("run_instances", "InternalError", "An internal error has occurred.", 500)
         stub.add_client_error("run_instances", "InsufficientInstanceCapacity", "none", 500)
         stub.add_client_error("run_instances", "Unavailable", "overloaded", 503)
-        stub.add_response("run_instances", _launched("i-0000000000000000b", "p4de.24xlarge"))
+        _launches(stub, "i-0000000000000000b", "p4de.24xlarge")
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
         stub.assert_no_pending_responses()
     assert len(sleeps) == 2  # InternalError, Unavailable; the capacity error went to the next type
@@ -288,7 +309,7 @@ def test_resume_of_a_node_with_a_stopped_instance_terminates_that_first(program,
     with Stubber(client) as stub:
         _describe(stub, ["gpu-2"], [stopped])
         stub.add_response("terminate_instances", {}, {"InstanceIds": ["i-00000000000000001"]})
-        stub.add_response("run_instances", _launched("i-0000000000000000a", "p4d.24xlarge"))
+        _launches(stub, "i-0000000000000000a", "p4d.24xlarge")
         assert backend.power("start", ["gpu-2"]) == {"gpu-2": "ok"}
         stub.assert_no_pending_responses()
 

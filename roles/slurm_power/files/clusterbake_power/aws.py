@@ -22,6 +22,11 @@ CALL_ATTEMPTS = 10
 ADDRESS_IN_USE = "InvalidIPAddress.InUse"
 LIVE = ("pending", "running", "stopping", "stopped")
 FILTER_VALUES = 200  # values of one DescribeInstances filter
+# EC2 may take a launch and end the instance moments later (its volumes under a KMS key the head's
+# role may not use: Client.InternalError; realcloud review A8): a new instance is watched this long
+# while it is pending, every LAUNCH_POLL seconds.
+LAUNCH_SETTLE = 60.0
+LAUNCH_POLL = 2.0
 TERMINATE_AT_ONCE = 500  # instance ids of one TerminateInstances
 
 
@@ -35,6 +40,10 @@ def error_text(exc: BaseException) -> str:
     if not code:
         return f"{type(exc).__name__}: {exc}"
     return f"{code}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")
+
+
+class LaunchEnded(PowerError):
+    """EC2 took the launch, then ended the instance before it ran."""
 
 
 def is_aws_error(exc: BaseException) -> bool:
@@ -154,9 +163,34 @@ class AwsBackend(CloudBackend):
             log(self.config, f"resume {node}: terminated its stopped instance(s) {', '.join(ids)}")
 
     def create(self, node: str, group: dict, instance_type: str, run_id: str) -> str:
-        return self.run(node, group, instance_type, run_id)["InstanceId"]
+        instance = self.run(node, group, instance_type, run_id)
+        self.settle(instance)
+        return instance["InstanceId"]
+
+    def settle(self, instance: dict) -> None:
+        """LaunchEnded when EC2 ends the new instance while it is pending, with EC2's reason."""
+        deadline = self.clock() + LAUNCH_SETTLE
+        state = instance
+        while state.get("State", {}).get("Name") == "pending":
+            try:
+                found = self._call("describe_instances", InstanceIds=[instance["InstanceId"]])
+                state = next((i for r in found.get("Reservations", []) for i in r.get("Instances", [])), state)
+            except Exception as exc:
+                if error_code(exc) != "InvalidInstanceID.NotFound":  # not listed yet, moments after the launch
+                    raise
+            if state.get("State", {}).get("Name") != "pending" or self.clock() >= deadline:
+                break
+            self.sleep(LAUNCH_POLL)
+        if state.get("State", {}).get("Name") in ("shutting-down", "terminated"):
+            reason = state.get("StateReason", {})
+            raise LaunchEnded(
+                f"{instance['InstanceId']} ended while starting: {reason.get('Code', '?')}: {reason.get('Message', '')}"
+                " (volumes under a customer managed KMS key the head's role may not use end so)"
+            )
 
     def failure(self, node: str, exc: Exception) -> tuple[str, str] | str:
+        if isinstance(exc, LaunchEnded):
+            return str(exc)
         code = error_code(exc)
         if code not in self.capacity_errors:
             return error_text(exc)

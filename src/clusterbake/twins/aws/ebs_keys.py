@@ -11,8 +11,11 @@
   new unencrypted snapshot, so no AMI could be encrypted; here the root device's snapshot of
   the request is the image's.
 
-Still kinder than EC2: a launch whose volumes need a customer managed key the caller may not
-use (kms:CreateGrant and the others) is not terminated with Client.InternalError.
+- A launch whose volumes need a customer managed key the caller may not use through EC2
+  (kms:CreateGrant for an AWS resource, kms:Decrypt, kms:GenerateDataKeyWithoutPlaintext,
+  kms:DescribeKey): RunInstances says yes and the instance then goes from pending to terminated
+  with StateReason Client.InternalError (the AWS knowledge-center article "kms-launch-ec2-instance").
+  Here the instance is terminated at once with that reason (moto_ext runs the check).
 """
 
 from __future__ import annotations
@@ -59,6 +62,49 @@ def use_requested_root_snapshot(response: EC2Response, image_id: str) -> None:
         snapshot_id = (mapping.get("Ebs") or {}).get("SnapshotId")
         if snapshot_id and mapping.get("DeviceName") == root:
             response.ec2_backend.amis[image_id].ebs_snapshot = response.ec2_backend.get_snapshot(snapshot_id)
+
+
+# What EC2 does with a customer managed key on the caller's behalf (the caller needs each).
+KEY_ACTIONS = ("kms:CreateGrant", "kms:Decrypt", "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey")
+LAUNCH_FAILED = ("Client.InternalError", "Client.InternalError: Client error on launch")
+
+
+def customer_keys(response: EC2Response, image_id: str | None) -> list[str]:
+    """The customer managed key ARNs the launch's volumes are encrypted with: the image's root snapshot's,
+    the account's default key when encryption by default is on."""
+    from moto.kms.models import kms_backends
+
+    backend = response.ec2_backend
+    keys = set()
+    image = backend.amis.get(image_id) if image_id else None
+    snapshot = getattr(image, "ebs_snapshot", None)
+    if snapshot is not None and snapshot.kms_key_id:
+        keys.add(snapshot.kms_key_id)
+    if backend.ebs_encryption_by_default and (
+        default := _DEFAULT_KEYS.get((response.current_account, response.region))
+    ):
+        keys.add(default)
+    kms = kms_backends[response.current_account][response.region]
+    found = []
+    for key in sorted(keys):
+        try:
+            metadata = kms.describe_key(key)
+        except Exception:
+            continue  # an alias of an AWS managed key, or a key gone: nothing to grant
+        if metadata.key_manager == "CUSTOMER":
+            found.append(metadata.arn)
+    return found
+
+
+def fail_launch(instances) -> None:
+    """EC2's answer to volumes it could not decrypt for the caller: the instances end terminated."""
+    from moto.ec2.models.instances import StateReason
+
+    for instance in instances:
+        instance.terminate()
+        code, message = LAUNCH_FAILED
+        instance.state_reason = StateReason(message, code)
+        instance._reason = "Server.InternalError"
 
 
 PATCHES = {EBSBackend: {"create_snapshot": create_snapshot}}

@@ -331,6 +331,8 @@ def run_instances(self: EC2Response) -> ActionResult:
         _check_spot_role(self)
     result = _run_instances(self)
     reservations.mark_launched(result.result.instances, reservation_id, market)
+    if not _may_use_volume_keys(self, result.result.instances):
+        ebs_keys.fail_launch(result.result.instances)
     if market == "spot":
         kind = self._get_param("InstanceMarketOptions.SpotOptions.SpotInstanceType") or "one-time"
         for instance in result.result.instances:
@@ -603,6 +605,8 @@ _CALL = threading.local()  # the EC2 or Secrets Manager call being authorized (i
 def _condition_context(response: EC2Response | SecretsManagerResponse, resource: str) -> dict[str, list[str]]:
     """The condition keys of one resource of an EC2 or Secrets Manager call, as AWS sets them."""
     context: dict[str, list[str]] = {}
+    if ":kms:" in resource and ":key/" in resource:  # a key EC2 uses for the caller (_may_use_volume_keys)
+        return {"kms:ViaService": [f"ec2.{response.region}.amazonaws.com"], "kms:GrantIsForAWSResource": ["true"]}
     if isinstance(response, SecretsManagerResponse):
         stage = response._get_param("VersionStage")  # the stage the request names; none when it names none
         return {"secretsmanager:VersionStage": [stage]} if stage else context
@@ -676,6 +680,30 @@ class _ConditionedRequest(IAMRequest):
                     allowed = True
         if not allowed:
             self._raise_access_denied()
+
+
+class _KeyRequest(_ConditionedRequest):
+    """An IAM check of one KMS action EC2 takes on a customer managed key for the caller."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._action = _CALL.kms_action
+
+
+def _may_use_volume_keys(response: EC2Response, instances) -> bool:
+    """Whether the caller may let EC2 use each customer managed key of the instances' volumes."""
+    image_id = instances[0].image_id if instances else None
+    _CALL.response = response
+    try:
+        for key in ebs_keys.customer_keys(response, image_id):
+            for action in ebs_keys.KEY_ACTIONS:
+                _CALL.kms_action = action
+                response._authenticate_and_authorize_action(_KeyRequest, key)
+    except AccessDeniedError:
+        return False
+    finally:
+        _CALL.response = None
+    return True
 
 
 def authorize_secrets(self: SecretsManagerResponse, resource: str = "*") -> None:
