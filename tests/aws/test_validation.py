@@ -164,3 +164,14 @@ def test_a_subnet_whose_nodes_could_not_reach_secrets_manager_is_refused(moto, n
     ec2.create_vpc_endpoint(VpcId=vpc, ServiceName=service, VpcEndpointType="Interface", SubnetIds=[subnet],
                             PrivateDnsEnabled=True)  # fmt: skip
     _validate(moto, monkeypatch, tmp_path, network, subnet, vpc)
+
+
+def test_fallback_types_in_one_cluster_placement_group_are_warned_of(moto, network, tmp_path, monkeypatch, capsys):
+    """Realcloud review A12: EC2 advises one instance type per cluster placement group."""
+    burst = {"name": "burst", "min_count": 0, "max_count": 2, "instance_types": ["c7a.large", "m7a.large"]}
+    _validate(moto, monkeypatch, tmp_path, network, network.subnet_id, network.vpc_id, [burst])
+    assert "fallback instance types in one cluster placement group" not in capsys.readouterr().err
+    _validate(
+        moto, monkeypatch, tmp_path, network, network.subnet_id, network.vpc_id, [burst | {"placement_group": True}]
+    )
+    assert "warning: node_groups.0: fallback instance types in one cluster placement group" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from botocore.exceptions import ClientError
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
+from clusterbake.progress import say
 from clusterbake.providers.aws.api import call, error_code, paginate
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.common import check_fallback_types, instance_type_fields
@@ -77,6 +78,13 @@ def check_instance_types(client, config: ClusterConfig, catalogue: Catalogue, zo
                     "set placement_group: false"
                 )
         check_fallback_types(field, [infos[t] for t in group.types])
+        if group.wants_placement_group and len(group.types) > 1:
+            # EC2 User Guide, "Placement strategies": more than one type in a cluster placement group
+            # makes insufficient capacity errors likelier (realcloud review A12).
+            say(
+                f"    warning: {field}: fallback instance types in one cluster placement group; EC2 advises one "
+                "type per group (a fallback type may then find no capacity beside the others)"
+            )
     return infos
 
 
