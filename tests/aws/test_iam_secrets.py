@@ -616,3 +616,36 @@ def test_volumes_under_a_key_the_launcher_may_not_use_end_the_instance_and_the_p
         backend._client = ec2
         backend.settle(running)  # no LaunchEnded
         admin_ec2.terminate_instances(InstanceIds=[running["InstanceId"]])
+
+
+def test_a_launch_checks_every_resource_it_makes_or_names_and_the_tags_it_puts_on(tmp_path_factory):
+    """realcloud review D3, with authorization on: RunInstances needs its volumes and interfaces, key
+    pair and placement group, and ec2:CreateTags (ec2:CreateAction RunInstances) for what it tags."""
+    with authorizing_server(tmp_path_factory.mktemp("moto-run")) as (client, session):
+        admin = client("ec2")
+        image = admin.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        admin.create_key_pair(KeyName="team-key")
+        admin.create_placement_group(GroupName="team-pg", Strategy="cluster")
+        instance_tags = [{"ResourceType": "instance", "Tags": [{"Key": "k", "Value": "v"}]}]
+        tagged = {"ImageId": image, "InstanceType": "c7a.large", "MinCount": 1, "MaxCount": 1, "KeyName": "team-key",
+                  "Placement": {"GroupName": "team-pg"}, "TagSpecifications": instance_tags}  # fmt: skip
+        arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}"
+
+        def launcher(name: str, *statements: dict) -> object:
+            return client("ec2", **session(name, {"Version": "2012-10-17", "Statement": list(statements)}))
+
+        run = {"Effect": "Allow", "Action": "ec2:RunInstances", "Resource": [
+            f"{arn}:instance/*", f"{arn}:volume/*", f"{arn}:network-interface/*", f"arn:aws:ec2:{REGION}::image/*",
+            f"{arn}:subnet/*", f"{arn}:security-group/*"]}  # fmt: skip
+        tags_at_launch = {"Effect": "Allow", "Action": "ec2:CreateTags", "Resource": f"{arn}:instance/*",
+                          "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}}  # fmt: skip
+        named = {**run, "Resource": [f"{arn}:key-pair/team-key", f"{arn}:placement-group/team-pg"]}
+        for name, statements in (("no-key-pair", [run, tags_at_launch]), ("no-tags", [run, named])):
+            with pytest.raises(ClientError) as refused:
+                launcher(name, *statements).run_instances(**tagged)
+            assert refused.value.response["Error"]["Code"] in ("AccessDenied", "UnauthorizedOperation"), name
+        tags_elsewhere = {**tags_at_launch, "Condition": {"StringEquals": {"ec2:CreateAction": "CreateVolume"}}}
+        with pytest.raises(ClientError):
+            launcher("tags-for-another-action", run, named, tags_elsewhere).run_instances(**tagged)
+        made = launcher("everything", run, named, tags_at_launch).run_instances(**tagged)["Instances"][0]
+        admin.terminate_instances(InstanceIds=[made["InstanceId"]])

@@ -43,8 +43,11 @@ seen in moto 5.2.5 against EC2's documented behaviour:
 - IAM resources of EC2 calls: with IAM authorization on, moto checks every EC2 call against
   resource `*`, so a policy that names ARNs (the head role's, iam.py) would deny
   everything. Here RunInstances is checked against each resource EC2 checks that the
-  request names: `instance/*`, the launch template, the subnet and security groups of its
-  interfaces and the image (the template's, unless the request names one), and, when
+  request names: `instance/*`, `volume/*` and `network-interface/*`, the launch template, the
+  subnet and security groups of its interfaces, the image (the template's, unless the request
+  names one), its key pair, placement group, capacity reservation and (Spot)
+  `spot-instances-request/*`, and ec2:CreateTags on each kind of resource it tags as it creates
+  it (its TagSpecifications and its template's, key ec2:CreateAction); and, when
   an instance profile comes with it (request or template), `iam:PassRole` of the
   profile's role, which EC2 checks and moto does not; TerminateInstances and CreateTags
   against each instance (and interface, volume) they name. Other EC2 calls stay checked
@@ -53,6 +56,8 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   when a condition does not hold). For the EC2 calls above every statement is evaluated again
   with its conditions: operators String/Arn Equals, NotEquals, Like, NotLike (and IfExists),
   Bool; keys ec2:LaunchTemplate (the template's ARN, when the launch names one),
+  ec2:CreateAction (tags put on at launch), kms:ViaService and kms:GrantIsForAWSResource (a
+  customer managed key EC2 uses for the launch's volumes, ebs_keys.py),
   ec2:InstanceType (on the instance resource: the request's type, else the template's),
   ec2:ResourceTag/<key> (TerminateInstances and CreateTags: the instance's tags). A key the
   request does not have fails its condition, as on AWS (IfExists: holds); an operator not
@@ -549,7 +554,32 @@ def _run_instances_resources(response: EC2Response) -> list[str]:
     image = response._get_param("ImageId") or data.get("ImageId")
     if image:
         resources.append(_ec2_arn(response, "image", image))
+    # What every launch creates, and what the request (or its template) names besides (the EC2 API
+    # reference's RunInstances resource types).
+    resources += [_ec2_arn(response, "volume", "*"), _ec2_arn(response, "network-interface", "*")]
+    key = response._get_param("KeyName") or data.get("KeyName")
+    if key:
+        resources.append(_ec2_arn(response, "key-pair", key))
+    group = response._get_param("Placement.GroupName") or (data.get("Placement") or {}).get("GroupName")
+    if group:
+        resources.append(_ec2_arn(response, "placement-group", group))
+    if (response._get_param("InstanceMarketOptions.MarketType") or "") == "spot":
+        resources.append(_ec2_arn(response, "spot-instances-request", "*"))
+    target = response._get_param("CapacityReservationSpecification.CapacityReservationTarget") or {}
+    if target.get("CapacityReservationId"):
+        resources.append(_ec2_arn(response, "capacity-reservation", target["CapacityReservationId"]))
     return resources
+
+
+def _tagged_at_launch(response: EC2Response) -> list[str]:
+    """The resources a RunInstances tags as it creates them (its TagSpecifications and its template's):
+    each needs ec2:CreateTags with ec2:CreateAction RunInstances."""
+    kinds = {spec.get("ResourceType") for spec in response._get_param("TagSpecifications", []) or []}
+    template_ref = response._get_param("LaunchTemplate", {}) or {}
+    if template_ref:
+        data = response.ec2_backend._get_template_from_args(template_ref).data
+        kinds |= {spec.get("ResourceType") for spec in data.get("TagSpecifications", []) or []}
+    return [_ec2_arn(response, kind, "*") for kind in sorted(kinds - {None})]
 
 
 def _ec2_resources(response: EC2Response) -> list[str]:
@@ -588,12 +618,16 @@ class _PassRoleRequest(IAMRequest):
 
 
 def authorize_ec2(self: EC2Response, resource: str = "*") -> None:
-    _CALL.response = self
+    _CALL.response, _CALL.also = self, None
     try:
         for each in _ec2_resources(self):
             self._authenticate_and_authorize_action(_ConditionedRequest, each)
+        if self._get_action() == "RunInstances":
+            _CALL.also = "ec2:CreateTags"
+            for each in _tagged_at_launch(self):
+                self._authenticate_and_authorize_action(_AlsoRequest, each)
     finally:
-        _CALL.response = None
+        _CALL.response, _CALL.also = None, None
     role = _passed_role(self)
     if role:
         self._authenticate_and_authorize_action(_PassRoleRequest, role)
@@ -611,6 +645,8 @@ def _condition_context(response: EC2Response | SecretsManagerResponse, resource:
         stage = response._get_param("VersionStage")  # the stage the request names; none when it names none
         return {"secretsmanager:VersionStage": [stage]} if stage else context
     kind_and_id = resource.rsplit(":", 1)[-1]
+    if getattr(_CALL, "also", None) == "ec2:CreateTags":  # tags a launch puts on what it creates
+        return {"ec2:CreateAction": [response._get_action()]}
     if response._get_action() == "RunInstances":
         template_ref = response._get_param("LaunchTemplate", {}) or {}
         data: dict = {}
@@ -682,12 +718,13 @@ class _ConditionedRequest(IAMRequest):
             self._raise_access_denied()
 
 
-class _KeyRequest(_ConditionedRequest):
-    """An IAM check of one KMS action EC2 takes on a customer managed key for the caller."""
+class _AlsoRequest(_ConditionedRequest):
+    """An IAM check of another action the call needs (_CALL.also: kms:CreateGrant on a volume's key,
+    ec2:CreateTags on what a launch tags), with its conditions."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._action = _CALL.kms_action
+        self._action = _CALL.also
 
 
 def _may_use_volume_keys(response: EC2Response, instances) -> bool:
@@ -697,12 +734,12 @@ def _may_use_volume_keys(response: EC2Response, instances) -> bool:
     try:
         for key in ebs_keys.customer_keys(response, image_id):
             for action in ebs_keys.KEY_ACTIONS:
-                _CALL.kms_action = action
-                response._authenticate_and_authorize_action(_KeyRequest, key)
+                _CALL.also = action
+                response._authenticate_and_authorize_action(_AlsoRequest, key)
     except AccessDeniedError:
         return False
     finally:
-        _CALL.response = None
+        _CALL.response, _CALL.also = None, None
     return True
 
 
