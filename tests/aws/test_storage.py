@@ -25,6 +25,7 @@ S3 HeadBucket is moto's own (404 for a missing bucket, BucketRegion).
 from __future__ import annotations
 
 import ipaddress
+import time
 
 import botocore.session
 import pytest
@@ -581,3 +582,27 @@ def test_efs_listing_follows_next_marker(moto):
     report = storage.delete_file_systems(efs, fsx, "efspage", [], sleep=no_sleep)
     assert sorted(report) == sorted(f"deleted efs {fs_id} (storage v{n})" for n, fs_id in enumerate(made))
     assert _tagged_efs(efs, "efspage") == []
+
+
+def test_a_scratch_file_system_linked_to_s3_on_the_twin_exports_through_its_association(moto, network, group):
+    """The EC2 twin's FSx (realcloud review A7, D7): a file system is CREATING before it is AVAILABLE, and
+    only a data repository association exports; SCRATCH_2's legacy ImportPath would import only. The
+    product waits for both and links SCRATCH_2 by an association with an AutoExportPolicy; `cluster down`
+    takes the association with the file system."""
+    efs, fsx = moto.client("efs"), moto.client("fsx")
+    entry = fsx_entry("scratch", s3_path="s3://lus-twin/out")
+    quick = lambda seconds: time.sleep(min(seconds, 0.5))  # noqa: E731  (the twin's CREATING lasts 2 s)
+    endpoints = storage.ensure_file_systems(efs, fsx, "lustwin", [entry], network.subnet_id, group, sleep=quick)
+    fs_id = endpoints["scratch"]["file_system_id"]
+    (described,) = fsx.describe_file_systems(FileSystemIds=[fs_id])["FileSystems"]
+    assert described["Lifecycle"] == "AVAILABLE"
+    assert "DataRepositoryConfiguration" not in described["LustreConfiguration"]  # no legacy, import-only link
+    assert endpoints["scratch"]["mount_name"] == described["LustreConfiguration"]["MountName"]
+    filters = [{"Name": "file-system-id", "Values": [fs_id]}]
+    (association,) = fsx.describe_data_repository_associations(Filters=filters)["Associations"]
+    assert (association["FileSystemPath"], association["DataRepositoryPath"], association["Lifecycle"]) == (
+        "/", "s3://lus-twin/out", "AVAILABLE")  # fmt: skip
+    assert association["S3"]["AutoExportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
+    report = storage.delete_file_systems(efs, fsx, "lustwin", [entry], sleep=quick)
+    assert report == [f"deleted fsx_lustre {fs_id} (storage scratch)"]
+    assert fsx.describe_data_repository_associations(Filters=filters)["Associations"] == []

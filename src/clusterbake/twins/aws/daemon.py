@@ -65,6 +65,9 @@ def unpredictable_moto_random() -> None:
     mock_random.getrandbits = system.getrandbits
 
 
+EXPORT_EVERY = 5.0  # seconds between FSx automatic export rounds
+
+
 class Twin:
     def __init__(self, args: argparse.Namespace):
         from clusterbake.twins.aws.nodes import Nodes
@@ -419,6 +422,24 @@ class Twin:
             wanted.add(directory)
             endpoints[fs.dns_name] = {"dir": directory}
         self.nodes.sync_storage(wanted, endpoints)
+        self.export_to_s3()
+
+    def export_to_s3(self) -> None:
+        """FSx's automatic export (data repository associations with an AutoExportPolicy): new and
+        changed files to S3, every EXPORT_EVERY seconds (twins/aws/fsx.py)."""
+        from moto.s3.models import s3_backends
+
+        from clusterbake.twins.aws import fsx
+
+        if time.monotonic() < getattr(self, "_next_export", 0.0):
+            return
+        self._next_export = time.monotonic() + EXPORT_EVERY
+        s3 = s3_backends[ACCOUNT]["aws"]
+        for file_system_id, path, s3_path in fsx.exports(ACCOUNT, self.region):
+            directory = self.nodes.storage / "fsx" / file_system_id
+            put = lambda bucket, key, data: s3.put_object(bucket, key, data)  # noqa: E731
+            for key in fsx.export_changes(directory, path, s3_path, put):
+                log(f"fsx {file_system_id}: exported {key} to {s3_path}")
 
     def keep_nodes(self) -> None:
         keep_reconciling(self.reconcile, self.stopping, POLL)

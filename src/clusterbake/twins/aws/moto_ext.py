@@ -25,6 +25,8 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   or {"p5.48xlarge": {"count": 1, "code": "VcpuLimitExceeded"}}), RunInstances fails with
   that error once the number of non-terminated instances of the type would exceed the
   limit, with EC2's message for the code (CAPACITY_MESSAGES).
+- FSx for Lustre: lifecycle, MountName, data repository associations and their export,
+  legacy linking import-only; fsx.py.
 - EBS keys: the account's default key, a snapshot's key, an AMI's own snapshots; ebs_keys.py.
 - Subnet addresses: EC2's choice of a free address in no order, tags of CIDR reservations;
   subnets.py says how.
@@ -133,7 +135,7 @@ from moto.iam.access_control import (
 from moto.iam.exceptions import InvalidInput
 from moto.secretsmanager.responses import SecretsManagerResponse
 
-from clusterbake.twins.aws import ebs_keys, iam_spread, reservations, secret_store, subnets
+from clusterbake.twins.aws import ebs_keys, fsx, iam_spread, reservations, secret_store, subnets
 from clusterbake.twins.aws.filters import matches
 
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
@@ -840,6 +842,7 @@ def install() -> None:
         **secret_store.PATCHES,
         **subnets.PATCHES,
         **ebs_keys.PATCHES,
+        **fsx.PATCHES,
     }
     for cls, methods in patches.items():
         for name, method in methods.items():
