@@ -16,6 +16,7 @@ import yaml
 SETUP = """
 import argparse, json, os, sys, tempfile
 os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
+os.environ["MOTO_IAM_SPREAD"] = "0"  # the new role's credentials at once: this test is about the keys, not IAM's spread
 from clusterbake.twins.aws.daemon import Twin
 args = argparse.Namespace(state=tempfile.mkdtemp(), address="127.0.0.1", port=int(sys.argv[1]), region="us-east-1",
                           zone="us-east-1a", vpc_cidr="10.90.0.0/16", subnet_cidr="10.90.0.0/24", image=[])
