@@ -648,4 +648,17 @@ def test_a_launch_checks_every_resource_it_makes_or_names_and_the_tags_it_puts_o
         with pytest.raises(ClientError):
             launcher("tags-for-another-action", run, named, tags_elsewhere).run_instances(**tagged)
         made = launcher("everything", run, named, tags_at_launch).run_instances(**tagged)["Instances"][0]
-        admin.terminate_instances(InstanceIds=[made["InstanceId"]])
+        # From a launch template that carries its own tags (as clusterbake's do): those are the template's,
+        # not the launch's, and need no permission of the launcher.
+        template = admin.create_launch_template(
+            LaunchTemplateName="team-lt",
+            LaunchTemplateData={"ImageId": image, "InstanceType": "c7a.large", "TagSpecifications": [
+                {"ResourceType": "volume", "Tags": [{"Key": "k", "Value": "v"}]}]},
+            TagSpecifications=[{"ResourceType": "launch-template", "Tags": [{"Key": "k", "Value": "v"}]}],
+        )["LaunchTemplate"]["LaunchTemplateId"]  # fmt: skip
+        from_template = {"Effect": "Allow", "Action": "ec2:RunInstances", "Resource": f"{arn}:launch-template/*"}
+        volume_tags = {**tags_at_launch, "Resource": [f"{arn}:instance/*", f"{arn}:volume/*"]}
+        launched = launcher("from-template", run, from_template, volume_tags).run_instances(
+            LaunchTemplate={"LaunchTemplateId": template}, MinCount=1, MaxCount=1, TagSpecifications=instance_tags
+        )["Instances"][0]
+        admin.terminate_instances(InstanceIds=[made["InstanceId"], launched["InstanceId"]])

@@ -573,6 +573,9 @@ def _run_instances_resources(response: EC2Response) -> list[str]:
     return resources
 
 
+LAUNCH_TAGGED = {"instance", "volume", "network-interface", "spot-instances-request", "elastic-gpu"}
+
+
 def _tagged_at_launch(response: EC2Response) -> list[str]:
     """The resources a RunInstances tags as it creates them (its TagSpecifications and its template's):
     each needs ec2:CreateTags with ec2:CreateAction RunInstances."""
@@ -581,7 +584,9 @@ def _tagged_at_launch(response: EC2Response) -> list[str]:
     if template_ref:
         data = response.ec2_backend._get_template_from_args(template_ref).data
         kinds |= {spec.get("ResourceType") for spec in data.get("TagSpecifications", []) or []}
-    return [_ec2_arn(response, kind, "*") for kind in sorted(kinds - {None})]
+    # Only what RunInstances creates: moto keeps CreateLaunchTemplate's own tags (resource type
+    # launch-template) in the template's data, which EC2 does not apply at launch.
+    return [_ec2_arn(response, kind, "*") for kind in sorted(kinds & LAUNCH_TAGGED)]
 
 
 def _ec2_resources(response: EC2Response) -> list[str]:
