@@ -100,7 +100,7 @@ PROFILE_READY_TIMEOUT = 120.0
 # IAM is eventually consistent also for itself: a role created a moment ago may still be
 # NoSuchEntity to the next call.
 JUST_CREATED = THROTTLING | frozenset({"NoSuchEntity"})
-PROFILE_POLL = 5.0
+PROFILE_POLL = 1.0  # EC2 knows a new profile within seconds; the twin refuses one for 3 s
 
 
 def node_role_name(cluster: str) -> str:
