@@ -83,12 +83,11 @@ def ensure_secret(sm, cluster: str, nodegroup: str, kms_key_arn: str | None = No
                 raise
             say(f"    secret {name}: still being deleted, retrying")
             time.sleep(2)
-    if secret.get("KmsKeyId") is not None or kms_key_arn:
-        held = secret.get("KmsKeyId")
-        if held and kms is not None and held != kms_key_arn:
-            held = call(kms.describe_key, KeyId=held)["KeyMetadata"]["Arn"]
-        if (held or None) != (kms_key_arn or None):
-            call(sm.update_secret, SecretId=name, KmsKeyId=kms_key_arn or AWS_MANAGED_KEY)
+    held = secret.get("KmsKeyId") or None
+    if held and kms is not None and held != kms_key_arn:
+        held = call(kms.describe_key, KeyId=held)["KeyMetadata"]["Arn"]  # a key ID or alias ARN, as its ARN
+    if held != (kms_key_arn or None):
+        call(sm.update_secret, SecretId=name, KmsKeyId=kms_key_arn or AWS_MANAGED_KEY)
     return secret["ARN"]
 
 

@@ -44,6 +44,11 @@ def _associations(backend: FSxBackend) -> dict[str, dict]:
     return _ASSOCIATIONS.setdefault((backend.account_id, backend.region_name), {})
 
 
+def _error(code: str, message: str):
+    """FSx's JSON error answer."""
+    return 400, {"x-amzn-errortype": code}, json.dumps({"__type": code, "Message": message})
+
+
 _fs_init = FileSystem.__init__
 _fs_to_dict = FileSystem.to_dict
 _delete_file_system = FSxBackend.delete_file_system
@@ -88,7 +93,7 @@ def create_data_repository_association(self: FSxResponse) -> str:
     backend = self.fsx_backend
     file_system_id = params["FileSystemId"]
     if file_system_id not in backend.file_systems:
-        return self._fsx_error("FileSystemNotFound", f"File system '{file_system_id}' does not exist.")
+        return _error("FileSystemNotFound", f"File system '{file_system_id}' does not exist.")
     association_id = f"dra-{uuid.uuid4().hex[:17]}"
     association = {
         "AssociationId": association_id,
@@ -112,7 +117,7 @@ def describe_data_repository_associations(self: FSxResponse) -> str:
     ids = params.get("AssociationIds") or []
     missing = [i for i in ids if i not in store]
     if missing:
-        return self._fsx_error("DataRepositoryAssociationNotFound", f"Association '{missing[0]}' does not exist.")
+        return _error("DataRepositoryAssociationNotFound", f"Association '{missing[0]}' does not exist.")
     found = [store[i] for i in ids] if ids else list(store.values())
     for each in params.get("Filters", []) or []:
         if each.get("Name") == "file-system-id":
@@ -125,25 +130,17 @@ def delete_data_repository_association(self: FSxResponse) -> str:
     association = _associations(self.fsx_backend).pop(params["AssociationId"], None)
     if association is None:
         missing = params["AssociationId"]
-        return self._fsx_error("DataRepositoryAssociationNotFound", f"Association '{missing}' does not exist.")
+        return _error("DataRepositoryAssociationNotFound", f"Association '{missing}' does not exist.")
     return json.dumps({"AssociationId": association["AssociationId"], "Lifecycle": "DELETING"})
-
-
-def _fsx_error(self: FSxResponse, code: str, message: str):
-    return 400, {"x-amzn-errortype": code}, json.dumps({"__type": code, "Message": message})
 
 
 def exports(account: str, region: str) -> list[tuple[str, str, str]]:
     """(file system id, its path, S3 path) of each DRA that exports automatically."""
     return [
         (a["FileSystemId"], a["FileSystemPath"], a["DataRepositoryPath"])
-        for a in _associations_of(account, region)
+        for a in _ASSOCIATIONS.get((account, region), {}).values()
         if a.get("S3", {}).get("AutoExportPolicy", {}).get("Events") and _ready(a["_created"])
     ]
-
-
-def _associations_of(account: str, region: str) -> list[dict]:
-    return list(_ASSOCIATIONS.get((account, region), {}).values())
 
 
 def export_changes(directory: Path, file_system_path: str, s3_path: str, put) -> list[str]:
@@ -173,6 +170,5 @@ PATCHES = {
         "create_data_repository_association": create_data_repository_association,
         "describe_data_repository_associations": describe_data_repository_associations,
         "delete_data_repository_association": delete_data_repository_association,
-        "_fsx_error": _fsx_error,
     },
 }

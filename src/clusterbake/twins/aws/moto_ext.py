@@ -260,8 +260,6 @@ def _check_capacity(response: EC2Response) -> None:
     instance_type = _instance_type(response)
     if instance_type not in limits or response._get_param("CapacityReservationSpecification"):
         return  # a reservation's capacity is its own (reservations.py)
-    if instance_type not in limits:
-        return
     count = int(response._get_param("MinCount", if_none="1"))
     used = sum(
         1
@@ -282,9 +280,6 @@ def _requested_addresses(response: EC2Response) -> list[str]:
     return [a for a in addresses if a]
 
 
-ADDRESS_HOLD = 5.0  # seconds a terminated instance's address stays held ($MOTO_ADDRESS_HOLD)
-
-
 def _held_addresses(response: EC2Response) -> set[str]:
     """Every address a network interface holds, and those of instances terminated moments ago."""
     backend = response.ec2_backend
@@ -293,11 +288,9 @@ def _held_addresses(response: EC2Response) -> set[str]:
         if interface.instance is not None and interface.instance.state == "terminated":
             continue  # its instance's hold (below) says
         held |= {interface.private_ip_address, *(a.get("PrivateIpAddress") for a in interface.private_ip_addresses)}
-    hold = float(os.environ.get("MOTO_ADDRESS_HOLD", ADDRESS_HOLD))
-    now = time.monotonic()
     for reservation in backend.all_reservations():
         for instance in reservation.instances:
-            if instance.state != "terminated" or now - getattr(instance, "terminated_at", 0.0) < hold:
+            if subnets.holds_its_place(instance):
                 held.add(instance.private_ip)
     return held - {None}
 
@@ -314,7 +307,7 @@ _terminate_instances = EC2Response.terminate_instances
 
 
 def terminate_instances(self: EC2Response) -> ActionResult:
-    """Terminated now, as moto does, with the time: the address stays held for a while (ADDRESS_HOLD)."""
+    """Terminated now, as moto does, with the time: the address stays held for a while (subnets.holds_its_place)."""
     result = _terminate_instances(self)
     now = time.monotonic()
     for instance_id in self._get_param("InstanceIds", []) or []:

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import os
-import time
 import uuid
 
 from moto.core.responses import ActionResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
 
+from clusterbake.twins.aws import subnets
 from clusterbake.twins.aws.filters import matches
 
 _RESERVATIONS: dict[tuple[str, str], dict[str, dict]] = {}
@@ -73,14 +72,11 @@ def _state(reservation: dict) -> str:
 
 def _holders(response: EC2Response, reservation_id: str) -> int:
     """Instances that hold a place in the reservation (a terminated one for the address hold's time)."""
-    hold = float(os.environ.get("MOTO_ADDRESS_HOLD", 5.0))
-    now = time.monotonic()
     return sum(
         1
         for launch in response.ec2_backend.all_reservations()
         for instance in launch.instances
-        if getattr(instance, "capacity_reservation_id", None) == reservation_id
-        and (instance.state != "terminated" or now - getattr(instance, "terminated_at", 0.0) < hold)
+        if getattr(instance, "capacity_reservation_id", None) == reservation_id and subnets.holds_its_place(instance)
     )
 
 

@@ -12,12 +12,24 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
+import time
 
 from moto.ec2.models.elastic_network_interfaces import NetworkInterface, NetworkInterfaceBackend
 from moto.ec2.models.subnets import Subnet, SubnetCidrReservation
 
+ADDRESS_HOLD = 5.0  # seconds a terminated instance keeps its address and place ($MOTO_ADDRESS_HOLD)
 _RANDOM = random.Random(20261206)
+
+
+def holds_its_place(instance) -> bool:
+    """Not terminated, or terminated less than $MOTO_ADDRESS_HOLD seconds ago: EC2 releases a terminated
+    instance's interface (its address, its place in a reservation) only once it has shut down."""
+    hold = float(os.environ.get("MOTO_ADDRESS_HOLD", ADDRESS_HOLD))
+    return instance.state != "terminated" or time.monotonic() - getattr(instance, "terminated_at", 0.0) < hold
+
+
 _PROBES = 64  # random tries before the lowest free address is taken (a nearly full subnet)
 
 
