@@ -276,3 +276,113 @@ def storage_subnet(twin: Twin, name: str, prefix: str) -> str:
             {"properties": {"addressPrefix": prefix, "serviceEndpoints": [{"service": "Microsoft.Storage"}]}},
         ).result()
     return subnet_id(twin, name)
+
+
+@dataclass
+class RawArm:
+    """Raw ARM requests to the twin in one resource group (the wire format itself, not the SDK's view)."""
+
+    twin: Twin
+    group: str
+    token: str
+    version: str = "2024-07-01"
+
+    @property
+    def base(self) -> str:
+        return f"/subscriptions/{self.twin.subscription}/resourceGroups/{self.group}/providers"
+
+    def put(self, path: str, body: dict, version: str | None = None):
+        return self.twin.request("PUT", f"{self.base}/{path}?api-version={version or self.version}", body, self.token)
+
+    def wait(self, headers: dict) -> dict:
+        """Poll Azure-AsyncOperation until it is done, as a client does."""
+        url = headers["Azure-AsyncOperation"].removeprefix(self.twin.url)
+        for _ in range(100):
+            status, body, _ = self.twin.request("GET", url, token=self.token)
+            assert status == 200, body
+            if body["status"] != "InProgress":
+                return body
+            time.sleep(0.05)
+        raise AssertionError("operation never finished")
+
+    def nic(self, name: str, accelerated: bool = False, subnet: str | None = None) -> str:
+        subnet = subnet or subnet_id(self.twin, SUBNET)
+        ip = {"name": "ip", "properties": {"subnet": {"id": subnet}, "privateIPAllocationMethod": "Dynamic"}}
+        properties = {"ipConfigurations": [ip], "enableAcceleratedNetworking": accelerated}
+        status, body, headers = self.put(
+            f"Microsoft.Network/networkInterfaces/{name}", {"location": LOCATION, "properties": properties}
+        )
+        assert status in (200, 201), body
+        self.wait(headers)
+        return body["id"]
+
+    def vm(self, name: str, size: str, nic_id: str, zone: str | None = "1", version: str | None = None, **props):
+        image = props.pop("image", {"publisher": "Canonical", "offer": "o", "sku": "s", "version": "latest"})
+        key = {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAA"}
+        body = {
+            "location": LOCATION,
+            **({"zones": [zone]} if zone else {}),
+            "properties": {
+                "hardwareProfile": {"vmSize": size},
+                "storageProfile": {"imageReference": image, **props.pop("storage", {})},
+                "osProfile": {
+                    "computerName": name,
+                    "adminUsername": "azureuser",
+                    "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [key]}},
+                },
+                "networkProfile": {"networkInterfaces": [{"id": nic_id}]},
+                **props,
+            },
+        }
+        return self.put(f"Microsoft.Compute/virtualMachines/{name}", body, version)
+
+
+def gallery_image(twin: Twin, name: str, generation: str = "V2", trusted_launch_only: bool = False) -> str:
+    """A gallery image version in the network's group (from a managed image of `generation`): its id."""
+    arm = RawArm(twin, NET_GROUP, twin.token())
+    status, source, _ = arm.put(
+        f"Microsoft.Compute/images/{name}", {"location": LOCATION, "properties": {"hyperVGeneration": generation}}
+    )
+    assert status in (200, 201), source
+    features = [{"name": "SecurityType", "value": "TrustedLaunch"}] if trusted_launch_only else []
+    path = "Microsoft.Compute/galleries/clusterbake"
+    parts = [
+        (path, {}),
+        (
+            f"{path}/images/{name}",
+            {
+                "osType": "Linux",
+                "hyperVGeneration": generation,
+                "identifier": {"publisher": "clusterbake", "offer": "hpc", "sku": name},
+                "features": features,
+            },
+        ),
+        (f"{path}/images/{name}/versions/1.0.0", {"storageProfile": {"source": {"id": source["id"]}}}),
+    ]
+    for part, properties in parts:
+        status, body, _ = arm.put(part, {"location": LOCATION, "properties": properties}, version="2024-03-03")
+        assert status in (200, 201), body
+    return body["id"]
+
+
+def private_subnet(twin: Twin, name: str, prefix: str, nat: bool = False, endpoints: tuple[str, ...] = ()) -> str:
+    """A subnet of the existing network without default outbound access (defaultOutboundAccess false), with a
+    NAT gateway and service endpoints when asked: its id."""
+    arm = RawArm(twin, NET_GROUP, twin.token())
+    properties: dict = {
+        "addressPrefix": prefix,
+        "defaultOutboundAccess": False,
+        "serviceEndpoints": [{"service": service} for service in endpoints],
+    }
+    if nat:
+        status, gateway, _ = arm.put(
+            f"Microsoft.Network/natGateways/{name}-nat", {"location": LOCATION, "sku": {"name": "Standard"}}
+        )
+        assert status in (200, 201), gateway
+        properties["natGateway"] = {"id": gateway["id"]}
+    status, body, headers = arm.put(
+        f"Microsoft.Network/virtualNetworks/{VNET}/subnets/{name}", {"properties": properties}
+    )
+    assert status in (200, 201), body
+    arm.wait(headers)
+    return body["id"]

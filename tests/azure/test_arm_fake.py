@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from azuretest import LOCATION, NET_GROUP, SUBNET, VNET, Twin, needs_sdk
+from azuretest import LOCATION, NET_GROUP, SUBNET, VNET, RawArm, Twin, needs_sdk
 
 pytestmark = needs_sdk  # the shared twin fixture builds its network with the SDK
 
@@ -190,55 +190,8 @@ def test_vm_rules_quota_capacity_and_power(own_twin):
     twin = own_twin
     token = twin.token()
     twin.request("PUT", f"{_rg(twin, 'vm-rg')}?{V}", {"location": LOCATION}, token)
-    base = f"{_rg(twin, 'vm-rg')}/providers"
-    subnet_id = f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/subnets/{SUBNET}"
-
-    def nic(name):
-        _, body, headers = twin.request(
-            "PUT",
-            f"{base}/Microsoft.Network/networkInterfaces/{name}?{V}",
-            {
-                "location": LOCATION,
-                "properties": {
-                    "ipConfigurations": [
-                        {
-                            "name": "ip",
-                            "properties": {"subnet": {"id": subnet_id}, "privateIPAllocationMethod": "Dynamic"},
-                        }
-                    ]
-                },
-            },
-            token,
-        )
-        _wait(twin, token, headers)
-        return body["id"]
-
-    def vm(name, size, nic_id, zone="1", **props):
-        body = {
-            "location": LOCATION,
-            "zones": [zone],
-            "properties": {
-                "hardwareProfile": {"vmSize": size},
-                "storageProfile": {
-                    "imageReference": {"publisher": "Canonical", "offer": "o", "sku": "s", "version": "latest"}
-                },
-                "osProfile": {
-                    "computerName": name,
-                    "adminUsername": "azureuser",
-                    "linuxConfiguration": {
-                        "disablePasswordAuthentication": True,
-                        "ssh": {
-                            "publicKeys": [
-                                {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAA"}
-                            ]
-                        },
-                    },
-                },
-                "networkProfile": {"networkInterfaces": [{"id": nic_id}]},
-                **props,
-            },
-        }
-        return twin.request("PUT", f"{base}/Microsoft.Compute/virtualMachines/{name}?{V}", body, token)
+    arm = RawArm(twin, "vm-rg", token)
+    base, nic, vm = arm.base, arm.nic, arm.vm
 
     n1 = nic("nic1")
     status, body, _ = vm("vm1", "Standard_ND96isr_H200_v5", n1, zone="3")

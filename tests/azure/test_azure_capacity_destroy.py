@@ -74,9 +74,9 @@ def test_down_removes_everything_and_is_safe_to_repeat(own_twin, tmp_path):
     run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
     kinds = sorted({r["type"] for r in twin.resources_of(CLUSTER)})
     assert kinds == [
+        "Microsoft.Compute/availabilitySets",
         "Microsoft.Compute/disks",
         "Microsoft.Compute/proximityPlacementGroups",
-        "Microsoft.Compute/virtualMachineScaleSets",
         "Microsoft.Compute/virtualMachines",
         "Microsoft.KeyVault/vaults",
         "Microsoft.ManagedIdentity/userAssignedIdentities",
@@ -199,7 +199,9 @@ def test_a_managed_image_by_id_is_used(own_twin, tmp_path):
     twin = own_twin
     token = twin.token()
     image_id = f"/subscriptions/{twin.subscription}/resourceGroups/net-rg/providers/Microsoft.Compute/images/cb-img"
-    status, body, _ = twin.request("PUT", f"{image_id}?api-version=2024-07-01", {"location": "eastus"}, token)
+    # Gen2, as the image build makes it (packer/azure.pkr.hcl): ARM's default V1 would not boot the ND size.
+    image = {"location": "eastus", "properties": {"hyperVGeneration": "V2"}}
+    status, body, _ = twin.request("PUT", f"{image_id}?api-version=2024-07-01", image, token)
     assert status == 201, body
     config = example_config(twin, cluster_name=CLUSTER)
     config["azure"] |= {"resource_group": f"{CLUSTER}-rg", "image": image_id}

@@ -7,7 +7,16 @@ Three cases run the CLI as a subprocess (message on stderr, exit status); the ot
 from __future__ import annotations
 
 import pytest
-from azuretest import LOCATION, NET_GROUP, example_config, needs_sdk, run_cb
+from azuretest import (
+    LOCATION,
+    NET_GROUP,
+    example_config,
+    gallery_image,
+    needs_sdk,
+    of_type,
+    private_subnet,
+    run_cb,
+)
 from clitest import assert_up_refused
 
 pytestmark = needs_sdk
@@ -161,3 +170,102 @@ def test_an_image_id_that_does_not_exist_is_a_config_error(twin, tmp_path):
     assert result.returncode == 2, result.stderr
     assert "azure.image: image /subscriptions/" in result.stderr and "does not exist" in result.stderr
     assert "chkbadimage-rg" not in twin.state()["groups"]
+
+
+SMALL = [{"name": "small", "count": 1, "instance_type": "Standard_A2_v2"}]
+# name -> (the image: a gallery image's settings or "managed", config changes, the error)
+IMAGE_CASES = {
+    "gen2-image-on-a-gen1-size": (
+        {"generation": "V2"},
+        {"node_groups": SMALL},
+        "node_groups.0.instance_type: Standard_A2_v2 boots Hyper-V generation V1 only and azure.image",
+    ),
+    "trusted-launch-with-a-managed-image": (
+        "managed",
+        {"azure": {"security_type": "TrustedLaunch"}},
+        "azure.security_type: Trusted Launch does not take a managed image",
+    ),
+    "gallery-image-for-trusted-launch-only": (
+        {"trusted_launch_only": True},
+        {},
+        "is a gallery image whose definition takes Trusted Launch VMs only",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(IMAGE_CASES))
+def test_the_image_is_checked_against_sizes_and_security_type_before_anything_is_created(
+    twin, tmp_path, monkeypatch, case
+):
+    image, changes, expected = IMAGE_CASES[case]
+    name = "img" + "".join(c for c in case if c.isalpha())[:18]
+    if image == "managed":
+        image_id = gallery_image(twin, name).split("/providers/")[0] + f"/providers/Microsoft.Compute/images/{name}"
+    else:
+        image_id = gallery_image(twin, name, **image)
+    config = example_config(
+        twin, cluster_name=name, partitions=[], **{k: v for k, v in changes.items() if k != "azure"}
+    )
+    config["azure"] |= {"resource_group": f"{name}-rg", "image": image_id, **changes.get("azure", {})}
+    assert_up_refused(twin.env, tmp_path, config, 2, expected, monkeypatch, in_subprocess=False, timeout=180)
+    assert f"{name}-rg" not in twin.state()["groups"]
+
+
+def test_sizes_without_accelerated_networking_or_premium_storage_get_nics_and_disks_they_take(twin, tmp_path):
+    """Standard_A2_v2 (no accelerated networking, no premium storage, Gen1) and Standard_D4_v5 (no premium
+    storage) from a Gen1 gallery image: each VM is created, with what its size can take (review B8)."""
+    name = "chkhw"
+    config = example_config(
+        twin,
+        cluster_name=name,
+        partitions=[],
+        head={"instance_type": "Standard_D4s_v5"},
+        node_groups=[*SMALL, {"name": "plain", "count": 1, "instance_type": "Standard_D4_v5"}],
+    )
+    config["azure"] |= {"resource_group": f"{name}-rg", "image": gallery_image(twin, name, generation="V1")}
+    run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
+    try:
+        resources = twin.resources_of(name)
+        nics = {r["tags"]["clusterbake-name"]: r for r in of_type(resources, "Microsoft.Network/networkInterfaces")}
+        vms = {r["tags"]["clusterbake-name"]: r for r in of_type(resources, "Microsoft.Compute/virtualMachines")}
+        accelerated = {n: nic["properties"]["enableAcceleratedNetworking"] for n, nic in nics.items()}
+        assert accelerated == {"head": True, "small-1": False, "plain-1": True}
+        disks = {
+            n: vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["storageAccountType"]
+            for n, vm in vms.items()
+        }
+        assert disks == {"head": "Premium_LRS", "small-1": "StandardSSD_LRS", "plain-1": "StandardSSD_LRS"}
+    finally:
+        run_cb(twin, tmp_path, config, "cluster", "down")
+    assert twin.resources_of(name) == []
+
+
+def test_a_private_subnet_needs_a_way_out_before_anything_is_created(twin, tmp_path, monkeypatch):
+    """No default outbound access (new virtual networks' default) and no NAT gateway: the nodes could not reach
+    Key Vault, the head not Azure Resource Manager (review B2); the Key Vault service endpoint serves the
+    nodes only, a NAT gateway both."""
+    from azure.identity import DefaultAzureCredential
+    from azure.mgmt.network import NetworkManagementClient
+
+    from clusterbake.config import ClusterConfig
+    from clusterbake.errors import ConfigError
+    from clusterbake.providers.azure import checks
+
+    closed = private_subnet(twin, "private", "10.70.20.0/24")
+    config = example_config(twin, cluster_name="chkprivate", partitions=[])
+    config["azure"] |= {"resource_group": "chkprivate-rg", "subnet_id": closed}
+    expected = "is private (defaultOutboundAccess false: no default outbound access) and has no NAT gateway"
+    assert_up_refused(twin.env, tmp_path, config, 2, expected, monkeypatch, in_subprocess=False, timeout=180)
+    assert "chkprivate-rg" not in twin.state()["groups"]
+    vault_only = private_subnet(twin, "private-kv", "10.70.21.0/24", endpoints=("Microsoft.KeyVault",))
+    natted = private_subnet(twin, "private-nat", "10.70.22.0/24", nat=True)
+    with twin.sdk_env():
+        network = NetworkManagementClient(DefaultAzureCredential(), twin.subscription, base_url=twin.url)
+        for subnet, powered, ok in ((vault_only, False, True), (vault_only, True, False), (natted, True, True)):
+            parsed = ClusterConfig.model_validate(config | {"azure": config["azure"] | {"subnet_id": subnet}})
+            read = checks.check_subnet(network, parsed)
+            if ok:
+                checks.check_outbound(read, parsed, powered)
+            else:
+                with pytest.raises(ConfigError, match="Azure Resource Manager"):
+                    checks.check_outbound(read, parsed, powered)

@@ -17,7 +17,17 @@ import time
 from pathlib import Path
 
 import pytest
-from azuretest import LOCATION, REPO, SUBNET_PREFIX, example_config, inventory, needs_sdk, of_type, run_cb
+from azuretest import (
+    LOCATION,
+    REPO,
+    SUBNET_PREFIX,
+    example_config,
+    gallery_image,
+    inventory,
+    needs_sdk,
+    of_type,
+    run_cb,
+)
 
 pytestmark = needs_sdk
 CLUSTER = "ndv5demo"
@@ -28,7 +38,9 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
 def _config(twin):
-    config = example_config(twin)
+    # A gallery image version (the path examples/azure-ndv5.yaml recommends): its resource provider answers
+    # galleries' own api-versions only (review B3).
+    config = example_config(twin, azure={"image": gallery_image(twin, "ndv5")})
     config["node_groups"].append(
         {"name": "cpu", "count": 1, "instance_type": "Standard_D4s_v5", "spot": True, "placement_group": False}
     )
@@ -54,7 +66,7 @@ def test_vms_are_tagged_sized_and_placed(twin, ndv5):
     vms = _vms(twin)
     assert sorted(vms) == ["cpu-1", "gpu-1", "gpu-2", "head"]
     assert "4 nodes provisioned" in ndv5["first"].stdout
-    assert "scale set clusterbake-ndv5demo-gpu created" in ndv5["first"].stderr
+    assert "availability set clusterbake-ndv5demo-gpu created" in ndv5["first"].stderr
     head = vms["head"]
     assert head["tags"] == {
         "clusterbake-cluster": CLUSTER,
@@ -65,28 +77,45 @@ def test_vms_are_tagged_sized_and_placed(twin, ndv5):
     assert head["name"] == f"{CLUSTER}-head" and head["properties"]["osProfile"]["computerName"] == "head"
     assert head["properties"]["hardwareProfile"]["vmSize"] == "Standard_D8s_v5"
     assert "proximityPlacementGroup" not in head["properties"]
-    scale_set = f"clusterbake-{CLUSTER}-gpu"
+    fabric = f"clusterbake-{CLUSTER}-gpu"
     for name in ("gpu-1", "gpu-2"):
         vm = vms[name]
         props = vm["properties"]
         assert vm["tags"]["clusterbake-nodegroup"] == "gpu" and vm["tags"]["clusterbake-role"] == "compute"
-        assert props["hardwareProfile"]["vmSize"] == H100 and vm["zones"] == ["1"]
+        # In an availability set, not zonal: the zone is the placement group's (below).
+        assert props["hardwareProfile"]["vmSize"] == H100 and "zones" not in vm
         assert props["priority"] == "Regular"
-        # One Flexible scale set per InfiniBand group (one fabric), in the group's proximity placement group.
-        assert props["virtualMachineScaleSet"]["id"].endswith(f"/virtualMachineScaleSets/{scale_set}")
-        assert props["proximityPlacementGroup"]["id"].endswith(f"/proximityPlacementGroups/{scale_set}")
+        # One availability set per InfiniBand group (one fabric), in the group's proximity placement group.
+        assert props["availabilitySet"]["id"].endswith(f"/availabilitySets/{fabric}")
+        assert props["proximityPlacementGroup"]["id"].endswith(f"/proximityPlacementGroups/{fabric}")
         assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
         assert props["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"] is True
         identities = list(vm["identity"]["userAssignedIdentities"])
         assert [i.rsplit("/", 1)[-1] for i in identities] == [f"clusterbake-{CLUSTER}-nodes"]
     spot = vms["cpu-1"]["properties"]
     assert (spot["priority"], spot["evictionPolicy"], spot["billingProfile"]["maxPrice"]) == ("Spot", "Delete", -1)
-    assert "proximityPlacementGroup" not in spot and "virtualMachineScaleSet" not in spot
+    assert "proximityPlacementGroup" not in spot and "availabilitySet" not in spot
     resources = twin.resources_of(CLUSTER)
-    scale_sets = of_type(resources, "Microsoft.Compute/virtualMachineScaleSets")
-    assert [s["name"] for s in scale_sets] == [scale_set]
-    assert scale_sets[0]["properties"]["orchestrationMode"] == "Flexible"
-    assert scale_sets[0]["properties"]["platformFaultDomainCount"] == 1
+    assert not of_type(resources, "Microsoft.Compute/virtualMachineScaleSets")
+    sets = of_type(resources, "Microsoft.Compute/availabilitySets")
+    assert [s["name"] for s in sets] == [fabric]
+    assert sets[0]["sku"] == {"name": "Aligned"} and sets[0]["properties"]["platformFaultDomainCount"] == 1
+    placement = of_type(resources, "Microsoft.Compute/proximityPlacementGroups")[0]
+    assert placement["name"] == fabric and placement["zones"] == ["1"]
+    # The twin's record of who shares an InfiniBand partition: both GPU nodes, one fabric (review B1).
+    assert vms["gpu-1"]["_ib_fabric"] == vms["gpu-2"]["_ib_fabric"] == sets[0]["id"].lower()
+
+
+def test_every_vm_names_its_security_type_and_one_api_version(twin, ndv5):
+    """Standard, sent explicitly: the twin (like Azure since Trusted Launch as default) would otherwise make a Gen2
+    VM Trusted Launch with Secure Boot, and refuse it outright for the managed image the image build makes."""
+    vms = _vms(twin)
+    assert {n: vm["properties"]["securityProfile"] for n, vm in vms.items()} == {
+        n: {"securityType": "Standard"} for n in vms
+    }
+    from clusterbake.providers.azure.power import API_VERSIONS
+
+    assert {vm["_api_version"] for vm in vms.values()} == {API_VERSIONS["compute"]}
 
 
 def test_nics_have_the_planned_static_addresses(twin, ndv5):
@@ -298,7 +327,7 @@ def test_inventory_has_the_shared_shape(twin, ndv5):
     assert gpu["clusterbake_instance_type"] == H100 and gpu["clusterbake_zone"] == "1"
     assert gpu["clusterbake_location"] == LOCATION
     assert gpu["clusterbake_placement_group"] == f"clusterbake-{CLUSTER}-gpu"
-    assert gpu["clusterbake_scale_set"] == f"clusterbake-{CLUSTER}-gpu"
+    assert gpu["clusterbake_availability_set"] == f"clusterbake-{CLUSTER}-gpu"
     assert gpu["clusterbake_running"] is True and gpu["clusterbake_power_state"] == "running"
     assert gpu["clusterbake_slurm_node"] == {
         "cpus": 96,

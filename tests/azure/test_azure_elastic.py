@@ -347,7 +347,7 @@ def test_down_removes_the_heads_identity_role_and_grants(twin, tmp_path):
         ),
         (
             ["Standard_ND96isr_H100_v5", "Standard_ND96isr_H200_v5"],
-            "node_groups.0.instance_types: the group's VMs share one InfiniBand fabric (one scale set)",
+            "node_groups.0.instance_types: the group's VMs share one InfiniBand fabric (one availability set)",
         ),
     ],
 )

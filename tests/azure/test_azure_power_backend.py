@@ -19,6 +19,7 @@ import programs
 import pytest
 
 from clusterbake.providers.azure import power, resources, tags
+from clusterbake.providers.azure.power import API_VERSIONS
 from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data_template
 
 SUB = "00000000-0000-4000-8000-00000000c1b0"
@@ -32,9 +33,9 @@ IDENTITY = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Manage
 HEAD_CLIENT = "5b1f6c2e-0d3a-4c8e-9f7b-1a2b3c4d5e6f"
 IMAGE = f"/subscriptions/{SUB}/resourceGroups/img/providers/Microsoft.Compute/images/clusterbake-1"
 JOIN = {"cloud": "azure", "vault_url": "https://v.vault.azure.net/", "secret_name": "join-cpu", "client_id": "c"}
-NIC_URL = f"{BASE}/providers/Microsoft.Network/networkInterfaces/pw-cpu-2-nic?api-version=2024-05-01"
-VM_URL = f"{BASE}/providers/Microsoft.Compute/virtualMachines/pw-cpu-2?api-version=2024-07-01"
-LIST_URL = f"{BASE}/providers/Microsoft.Compute/virtualMachines?api-version=2024-07-01"
+NIC_URL = f"{BASE}/providers/Microsoft.Network/networkInterfaces/pw-cpu-2-nic?api-version={API_VERSIONS['network']}"
+VM_URL = f"{BASE}/providers/Microsoft.Compute/virtualMachines/pw-cpu-2?api-version={API_VERSIONS['compute']}"
+LIST_URL = f"{BASE}/providers/Microsoft.Compute/virtualMachines?api-version={API_VERSIONS['compute']}"
 OPERATION = f"{ARM}/subscriptions/{SUB}/providers/Microsoft.Compute/locations/eastus/operations/op"
 
 

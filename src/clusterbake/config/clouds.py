@@ -163,6 +163,13 @@ class AzureConfig(Strict):
         description="Key Vault that holds the join bundles (names are global in Azure); default: cb-<cluster>-<hash "
         "of subscription and resource group>.",
     )
+    security_type: Literal["Standard", "TrustedLaunch"] = Field(
+        "Standard",
+        description="Security type every VM is created with (always sent: Azure makes Trusted Launch with Secure "
+        "Boot the default for Gen2 VMs that name none, and Secure Boot keeps the image's unsigned NVIDIA and "
+        "DOCA-OFED DKMS modules from loading). TrustedLaunch: vTPM on, Secure Boot off; needs a gallery image "
+        "version or a marketplace image (not a managed image).",
+    )
     bastion: str | None = bastion_field()
     network_interface: str = network_interface_field(
         "Interface NCCL and gloo bootstrap on; auto: found on each node (eth0 on Azure's images)."

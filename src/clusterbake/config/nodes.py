@@ -90,9 +90,9 @@ class NodeGroup(NodeSize):
     )
     infiniband: bool | None = Field(
         None,
-        description="azure: the group's VMs share one InfiniBand fabric (one VM scale set, Flexible orchestration, "
-        "per group); the size must be RDMA-capable (RdmaEnabled: Standard_ND96isr_H100_v5, Standard_HB120rs_v3, "
-        "...). Default: true on RDMA sizes.",
+        description="azure: the group's VMs share one InfiniBand fabric (one availability set per group: Flexible "
+        "scale sets do not support InfiniBand); the size must be RDMA-capable (RdmaEnabled: "
+        "Standard_ND96isr_H100_v5, Standard_HB120rs_v3, ...). Default: true on RDMA sizes.",
     )
     capacity_reservation_id: str | None = Field(
         None,

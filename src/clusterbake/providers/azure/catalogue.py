@@ -49,6 +49,9 @@ class SkuInfo(InstanceShape):
     restricted_zones: tuple[str, ...]
     location_restriction: str | None  # reasonCode of a Location restriction
     efa_supported: bool = False  # plan.InstanceShape: an AWS notion
+    accelerated_networking: bool = True  # AcceleratedNetworkingEnabled
+    premium_io: bool = True  # PremiumIO: premium SSD disks
+    generations: tuple[str, ...] = ("V1", "V2")  # HyperVGenerations: the images it boots
 
     @classmethod
     def from_api(cls, sku) -> SkuInfo:
@@ -81,6 +84,9 @@ class SkuInfo(InstanceShape):
             zones=tuple(sorted(set(zones))),
             restricted_zones=tuple(sorted(set(restricted))),
             location_restriction=location_restriction,
+            accelerated_networking=caps.get("AcceleratedNetworkingEnabled") == "True",
+            premium_io=caps.get("PremiumIO") == "True",
+            generations=tuple(g.strip() for g in caps.get("HyperVGenerations", "V1").split(",") if g.strip()),
         )
 
     @property
@@ -146,3 +152,13 @@ def azure_plan(config: ClusterConfig, shapes: dict[str, SkuInfo]) -> list[NodeSp
                 slurm = dataclasses.replace(slurm, features=[*slurm.features[:-1], IB_FEATURE, *slurm.features[-1:]])
         nodes.append(dataclasses.replace(node, slurm=slurm, features=features))
     return nodes
+
+
+def node_hardware(infos: dict[str, SkuInfo], sizes: list[str]) -> dict[str, bool]:
+    """What a NIC and an OS disk serving any of `sizes` (a group's, fallbacks included) may use: accelerated
+    networking and premium storage only where every size has them (ARM refuses a VM otherwise)."""
+    shapes = [infos[size] for size in sizes if size in infos]
+    return {
+        "accelerated_networking": all(s.accelerated_networking for s in shapes),
+        "premium_disk": all(s.premium_io for s in shapes),
+    }

@@ -2,7 +2,7 @@
 
 Each failure is a ConfigError (exit status 2) that names the config field and what to do.
 - the subnet exists (azure.subnet_id, or vnet_name + subnet_name) and its network is in
-  azure.location;
+  azure.location; a private subnet has a way out (check_outbound);
 - every VM size is offered in the location (Resource SKUs), not restricted for the
   subscription there, and offered in azure.zone (locationInfo zones, Zone restrictions);
 - infiniband only on RDMA sizes (RdmaEnabled), spot only on LowPriorityCapable sizes;
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
+from clusterbake.progress import say
 from clusterbake.providers.azure.api import get_or_none
 from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, uses_infiniband
 from clusterbake.providers.common import check_fallback_types, instance_type_fields
@@ -30,6 +31,9 @@ class Subnet:
     prefix: str
     location: str
     service_endpoints: tuple[str, ...] = ()
+    default_outbound: bool = True  # defaultOutboundAccess not false: Azure's default outbound access
+    nat_gateway: bool = False
+    route_table: bool = False
 
 
 def check_subnet(network, config: ClusterConfig) -> Subnet:
@@ -55,7 +59,44 @@ def check_subnet(network, config: ClusterConfig) -> Subnet:
     prefix = subnet.address_prefix or (subnet.address_prefixes or [None])[0]
     ipaddress.ip_network(prefix)
     services = tuple(e.service for e in (subnet.service_endpoints or []) if e.service)
-    return Subnet(subnet.id, prefix, azure.location, services)
+    return Subnet(
+        subnet.id,
+        prefix,
+        azure.location,
+        services,
+        default_outbound=subnet.default_outbound_access is not False,
+        nat_gateway=subnet.nat_gateway is not None,
+        route_table=subnet.route_table is not None,
+    )
+
+
+def check_outbound(subnet: Subnet, config: ClusterConfig, powered: bool) -> None:
+    """The VMs reach what they must from a private subnet (defaultOutboundAccess false, the default of new
+    virtual networks: no default outbound access, "Default outbound access in Azure"): the nodes Key Vault
+    (their join bundles), the head Azure Resource Manager when it powers nodes. A NAT gateway gives both; the
+    Microsoft.KeyVault service endpoint gives Key Vault only; a route table is taken to route 0.0.0.0/0
+    through the operator's firewall (said, not checked: its routes are the operator's)."""
+    if subnet.default_outbound or subnet.nat_gateway:
+        return
+    field = config.azure.subnet_field
+    if subnet.route_table:
+        say(
+            f"    {field}: the subnet is private (no default outbound access) and has a route table, taken to route "
+            "to Key Vault and Azure Resource Manager through your firewall (clusterbake does not check it)"
+        )
+        return
+    missing = []
+    if "Microsoft.KeyVault" not in subnet.service_endpoints:
+        missing.append("Key Vault (the nodes read their join bundles there)")
+    if powered:
+        missing.append("Azure Resource Manager (the head creates and deletes elastic and replaced nodes' VMs)")
+    if missing:
+        raise ConfigError(
+            f"{field}: subnet {subnet.id} is private (defaultOutboundAccess false: no default outbound access) and "
+            f"has no NAT gateway, so its VMs cannot reach {' or '.join(missing)}; attach a NAT gateway to the "
+            "subnet (az network vnet subnet update --nat-gateway ...)"
+            + ("" if powered else ", or add the Microsoft.KeyVault service endpoint to it")
+        )
 
 
 def check_sizes(config: ClusterConfig, catalogue: Catalogue) -> dict[str, SkuInfo]:
@@ -84,8 +125,8 @@ def check_sizes(config: ClusterConfig, catalogue: Catalogue) -> dict[str, SkuInf
         info = infos[group.instance_type]
         if len(group.types) > 1 and uses_infiniband(group, info):
             raise ConfigError(
-                f"node_groups.{index}.instance_types: the group's VMs share one InfiniBand fabric (one scale set), "
-                "which needs one size; give instance_type, or set infiniband: false to fall over to other sizes"
+                f"node_groups.{index}.instance_types: the group's VMs share one InfiniBand fabric (one availability "
+                "set), which needs one size; give instance_type, or set infiniband: false to fall over to other sizes"
             )
         check_fallback_types(f"node_groups.{index}", [infos[t] for t in group.types])
         if group.spot and not all(infos[t].low_priority for t in group.types):

@@ -38,7 +38,7 @@ def vm_record(vm, rg: str) -> dict:
         "zone": (vm.zones or [None])[0],
         "state": vm.provisioning_state,
         "placement_group": vm.proximity_placement_group.id if vm.proximity_placement_group else None,
-        "scale_set": vm.virtual_machine_scale_set.id if vm.virtual_machine_scale_set else None,
+        "availability_set": vm.availability_set.id if vm.availability_set else None,
         "nic": vm.network_profile.network_interfaces[0].id,
     }
 

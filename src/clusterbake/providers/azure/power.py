@@ -8,7 +8,7 @@ resource provider operations of a NIC and a VM create and delete (ACTIONS), assi
 cluster's resource groups and the groups of its subnet and image, and assigned:
 
 - at the compute nodes' resource group (resources.nodes_group_name): their VMs, NICs, OS disks,
-  placement groups and scale sets, and nothing else: the head's VM is in azure.resource_group,
+  placement groups and availability sets, and nothing else: the head's VM is in azure.resource_group,
   so the power identity cannot rewrite it (security review finding 2);
 - at the subnet, the network security group and the application security group a NIC joins
   (`.../join/action`: ARM checks them as linked actions of the NIC);
@@ -38,7 +38,11 @@ from clusterbake.providers.azure.api import arm_endpoint
 from clusterbake.providers.common import resource_name
 
 NAMESPACE = uuid.UUID("9d7f5c1a-2b3e-4f60-8a1d-5e6c7b8a9f01")
-API_VERSIONS = {"compute": "2024-07-01", "network": "2024-05-01"}
+# The api-versions of the azure-mgmt-compute 39 and azure-mgmt-network 33 operations the controller creates
+# static nodes with: one version for every VM of the cluster, so that defaults that change between versions
+# (the security type, review B4/B10) cannot differ between a static node and an elastic one. Raise them with
+# the SDK pins (requirements.lock); test_azure_elastic compares them with what the SDK sends.
+API_VERSIONS = {"compute": "2026-04-01", "network": "2026-03-01"}
 # The resource provider operations of creating and deleting a node's NIC and VM (Microsoft's
 # "Azure resource provider operations": Microsoft.Compute, Microsoft.Network, Microsoft.ManagedIdentity).
 ACTIONS = [
@@ -52,8 +56,8 @@ ACTIONS = [
     "Microsoft.Compute/galleries/images/versions/read",
     "Microsoft.Compute/proximityPlacementGroups/read",
     "Microsoft.Compute/proximityPlacementGroups/write",
-    "Microsoft.Compute/virtualMachineScaleSets/read",
-    "Microsoft.Compute/virtualMachineScaleSets/write",
+    "Microsoft.Compute/availabilitySets/read",
+    "Microsoft.Compute/availabilitySets/write",
     "Microsoft.Compute/locations/operations/read",
     "Microsoft.Network/networkInterfaces/read",
     "Microsoft.Network/networkInterfaces/write",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from clusterbake.config import NodeGroup
 from clusterbake.providers.azure import power, resources, tags
 from clusterbake.providers.azure.api import get_or_none
-from clusterbake.providers.azure.catalogue import uses_infiniband
+from clusterbake.providers.azure.catalogue import node_hardware, uses_infiniband
 from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data_template
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ def settings(provider: AzureProvider) -> dict | None:
         if not members:
             continue
         placement = _group_placement_ids(provider, group)
+        hardware = node_hardware(provider.infos, group.types)
         node_tags = tags.node_tags(cluster, "compute", group.name)
         groups[group.name] = {
             "sizes": group.types,
@@ -52,6 +53,7 @@ def settings(provider: AzureProvider) -> dict | None:
                 nsg_id=nsg.id,
                 asg_id=asg.id,
                 node_tags=node_tags,
+                accelerated_networking=hardware["accelerated_networking"],
             ),
             "vm": resources.vm_body(
                 location=provider.azure.location,
@@ -67,7 +69,9 @@ def settings(provider: AzureProvider) -> dict | None:
                 node_tags=node_tags,
                 spot=group.spot,
                 placement_group_id=placement.get("placement_group"),
-                scale_set_id=placement.get("scale_set"),
+                availability_set_id=placement.get("availability_set"),
+                premium_disk=hardware["premium_disk"],
+                security_type=provider.azure.security_type,
             ),
             "user_data": user_data_template(
                 cluster=cluster,
@@ -87,7 +91,7 @@ def settings(provider: AzureProvider) -> dict | None:
 
 
 def _group_placement_ids(provider: AzureProvider, group: NodeGroup) -> dict:
-    """The ids of the group's proximity placement group and scale set, where it has them (read-only)."""
+    """The ids of the group's proximity placement group and availability set, where it has them (read-only)."""
     name = resources.group_resource_name(provider.config.cluster_name, group.name)
     compute, rg = provider.clients.compute, provider.nodes_group
     found = {}
@@ -96,7 +100,7 @@ def _group_placement_ids(provider: AzureProvider, group: NodeGroup) -> dict:
         if ppg is not None:
             found["placement_group"] = ppg.id
     if uses_infiniband(group, provider.infos.get(group.instance_type)):
-        vmss = get_or_none(compute.virtual_machine_scale_sets.get, rg, name)
-        if vmss is not None:
-            found["scale_set"] = vmss.id
+        fabric = get_or_none(compute.availability_sets.get, rg, name)
+        if fabric is not None:
+            found["availability_set"] = fabric.id
     return found

@@ -29,6 +29,7 @@ from clusterbake.providers.azure import (
     blobs,
     checks,
     discover,
+    image_facts,
     power,
     power_settings,
     prices,
@@ -45,7 +46,7 @@ from clusterbake.providers.azure.api import (
     get_or_none,
     message,
 )
-from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, azure_plan, uses_infiniband
+from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, azure_plan, node_hardware, uses_infiniband
 from clusterbake.providers.base import BillingCheck, CostEstimate
 from clusterbake.providers.cloud import CloudProvider, Machine, Publish
 from clusterbake.providers.userdata import user_data
@@ -162,6 +163,7 @@ class AzureProvider(CloudProvider):
         """Subnet, VM sizes (location, zone, restrictions, InfiniBand, spot), quota, room in the subnet:
         read-only calls."""
         self._subnet = checks.check_subnet(self.clients.network, self.config)
+        checks.check_outbound(self._subnet, self.config, self.powered)
         self._check_nodes_group()
         storage.check_service_endpoint(self._subnet, self.config)
         blobs.check_existing(self.clients.storage, self.config)
@@ -171,12 +173,11 @@ class AzureProvider(CloudProvider):
         self.addresses()  # a subnet too small for the planned nodes is a config error
 
     def _check_image(self, image: str) -> None:
-        if not image.startswith("/"):
-            return  # a marketplace URN: Azure checks it when the first VM is created
-        found = get_or_none(self.clients.resources.resources.get_by_id, image, api_version="2024-03-01")
-        if found is None:
-            field = azure_image_source(self.config, self.state)
-            raise ConfigError(f"{field}: image {image} does not exist (or is not shared with this subscription)")
+        """The image exists, boots on every size and takes azure.security_type (image_facts)."""
+        field = azure_image_source(self.config, self.state)
+        facts = image_facts.read(self.clients.compute, image, field)
+        sizes = [(f, self.infos[size]) for f, size in common.instance_type_fields(self.config)]
+        image_facts.check_fits(facts, image, field, self.azure.security_type, sizes)
 
     @azure_errors
     def provision(self, image: Path | str | None) -> None:
@@ -420,7 +421,7 @@ class AzureProvider(CloudProvider):
         return vault.properties.vault_uri
 
     def _ensure_group_placement(self, group: NodeGroup) -> dict:
-        """The group's proximity placement group and (InfiniBand) Flexible scale set ids."""
+        """The group's proximity placement group and (InfiniBand) availability set ids."""
         cluster = self.config.cluster_name
         name = resources.group_resource_name(cluster, group.name)
         result: dict = {}
@@ -439,21 +440,17 @@ class AzureProvider(CloudProvider):
                 say(f"    proximity placement group {name} created")
             result["placement_group"] = found.id
         if uses_infiniband(group, self.infos[group.instance_type]):
-            properties: dict = {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1}
-            if result.get("placement_group"):
-                properties["proximityPlacementGroup"] = {"id": result["placement_group"]}
-            body = {
-                "location": self.azure.location,
-                "tags": tags.node_tags(cluster, "compute", group.name),
-                "properties": properties,
-                **zone,
-            }
+            body = resources.availability_set_body(
+                location=self.azure.location,
+                node_tags=tags.node_tags(cluster, "compute", group.name),
+                placement_group_id=result.get("placement_group"),
+            )
             found, created = self._find_or_create(
-                self.clients.compute.virtual_machine_scale_sets, name, body, poll=True, group=self.nodes_group
+                self.clients.compute.availability_sets, name, body, group=self.nodes_group
             )
             if created:
-                say(f"    scale set {name} created (Flexible; one InfiniBand fabric for the group)")
-            result["scale_set"] = found.id
+                say(f"    availability set {name} created (one InfiniBand fabric for the group)")
+            result["availability_set"] = found.id
         return result
 
     def _find_or_create(self, api, name: str, body: dict, poll: bool = False, group: str | None = None) -> tuple:
@@ -497,6 +494,7 @@ class AzureProvider(CloudProvider):
         network = self.clients.network.network_interfaces
         compute = self.clients.compute.virtual_machines
         nic_pollers = {}
+        hardware = node_hardware(self.infos, group.types if group else [size])
         for node in nodes:
             node_tags = tags.node_tags(cluster, node.role, node.nodegroup, node.name)
             body = resources.nic_body(
@@ -506,6 +504,7 @@ class AzureProvider(CloudProvider):
                 nsg_id=context["nsg_id"],
                 asg_id=context["asg_id"],
                 node_tags=node_tags,
+                accelerated_networking=hardware["accelerated_networking"],
             )
             nic_pollers[node.name] = network.begin_create_or_update(rg, resources.nic_name(cluster, node.name), body)
         errors: dict[str, str] = {}
@@ -539,7 +538,9 @@ class AzureProvider(CloudProvider):
                 node_tags=tags.node_tags(cluster, node.role, node.nodegroup, node.name),
                 spot=bool(group and group.spot),
                 placement_group_id=placement.get("placement_group"),
-                scale_set_id=placement.get("scale_set"),
+                availability_set_id=placement.get("availability_set"),
+                premium_disk=hardware["premium_disk"],
+                security_type=self.azure.security_type,
             )
             try:
                 vm_pollers[node.name] = compute.begin_create_or_update(rg, resources.vm_name(cluster, node.name), body)
@@ -724,7 +725,7 @@ class AzureProvider(CloudProvider):
                 "clusterbake_zone": (vm or {}).get("zone") or self.azure.zone,
                 "clusterbake_location": self.azure.location,
                 "clusterbake_placement_group": placement,
-                "clusterbake_scale_set": ((vm or {}).get("scale_set") or "").rsplit("/", 1)[-1] or None,
+                "clusterbake_availability_set": ((vm or {}).get("availability_set") or "").rsplit("/", 1)[-1] or None,
                 "clusterbake_power_state": (vm or {}).get("power", "absent"),
                 "clusterbake_running": bool(vm and vm.get("power") == "running"),
             }

@@ -13,9 +13,11 @@ identity may write there and nowhere else, security review finding 2) and azure.
   (the head's power program creates and deletes VMs with it: power.py);
 - Key Vault (vault_name(): names are global) with a secret `join-<group>` per node group;
   access policies: the caller (set, get, list, delete), the nodes' identity (get);
-- per node group a proximity placement group and, for InfiniBand groups, a VM scale set with
-  Flexible orchestration `clusterbake-<cluster>-<group>` (VMs of one scale set share an
-  InfiniBand fabric; Microsoft's ND/HB docs);
+- per node group a proximity placement group and, for InfiniBand groups, an availability set
+  `clusterbake-<cluster>-<group>` in it (the VMs of one availability set share an InfiniBand
+  fabric; Flexible scale sets do not support InfiniBand: Microsoft's "Orchestration modes for
+  Virtual Machine Scale Sets", Networking table). An availability set is never zonal: the group's
+  zone (azure.zone) is its proximity placement group's;
 - per node a NIC `<cluster>-<node>-nic` with its planned static private address and a VM
   `<cluster>-<node>` (computer name = node name), OS disk and NIC deleted with the VM; its
   customData (cloud-init) and userData (IMDS: the boot service) say where the bundle is.
@@ -35,7 +37,7 @@ DENY_VNET_PRIORITY = 4000
 
 
 # clusterbake-<cluster> (the NSG and the ASG), clusterbake-<cluster>-<node group>
-# (a group's scale set or placement group).
+# (a group's availability set or placement group).
 cluster_name = group_resource_name = resource_name
 
 
@@ -160,7 +162,18 @@ def image_reference(image: str) -> dict:
     return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
 
 
-def nic_body(*, location: str, subnet_id: str, address: str, nsg_id: str, asg_id: str, node_tags: dict) -> dict:
+def nic_body(
+    *,
+    location: str,
+    subnet_id: str,
+    address: str,
+    nsg_id: str,
+    asg_id: str,
+    node_tags: dict,
+    accelerated_networking: bool = True,
+) -> dict:
+    """A node's NIC; accelerated networking only where every size the NIC may serve has it (ARM refuses a VM
+    of a size without it: VMSizeIsNotPermittedToEnableAcceleratedNetworking)."""
     return {
         "location": location,
         "tags": node_tags,
@@ -177,7 +190,7 @@ def nic_body(*, location: str, subnet_id: str, address: str, nsg_id: str, asg_id
                 }
             ],
             "networkSecurityGroup": {"id": nsg_id},
-            "enableAcceleratedNetworking": True,
+            "enableAcceleratedNetworking": accelerated_networking,
         },
     }
 
@@ -197,8 +210,17 @@ def vm_body(
     node_tags: dict,
     spot: bool = False,
     placement_group_id: str | None = None,
-    scale_set_id: str | None = None,
+    availability_set_id: str | None = None,
+    premium_disk: bool = True,
+    security_type: str = "Standard",
 ) -> dict:
+    """A VM. The security type is always sent: Azure makes Trusted Launch (Secure Boot: the image's unsigned
+    DKMS modules, NVIDIA's and DOCA-OFED's, would not load) the default for Gen2 VMs that name none, and the
+    default depends on the api-version (review B4, B10). TrustedLaunch here is vTPM without Secure Boot.
+    An OS disk is Premium SSD where the size has premium storage (PremiumIO), else Standard SSD."""
+    security: dict = {"securityType": security_type}
+    if security_type == "TrustedLaunch":
+        security["uefiSettings"] = {"secureBootEnabled": False, "vTpmEnabled": True}
     body: dict = {
         "location": location,
         "tags": node_tags,
@@ -211,7 +233,7 @@ def vm_body(
                     "createOption": "FromImage",
                     "caching": "ReadWrite",
                     "deleteOption": "Delete",
-                    "managedDisk": {"storageAccountType": "Premium_LRS"},
+                    "managedDisk": {"storageAccountType": "Premium_LRS" if premium_disk else "StandardSSD_LRS"},
                 },
             },
             "osProfile": {
@@ -227,6 +249,7 @@ def vm_body(
                 },
             },
             "networkProfile": {"networkInterfaces": [{"id": nic_id, "properties": {"deleteOption": "Delete"}}]},
+            "securityProfile": security,
             # Boot diagnostics in managed storage: the serial console log, where the boot program prints
             # the SSH host keys the controller pins before it connects (provider._pin_host_keys).
             "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
@@ -235,14 +258,28 @@ def vm_body(
             "userData": base64.b64encode(custom_data.encode()).decode(),
         },
     }
-    if zone:
+    if zone and not availability_set_id:  # an availability set's VMs take their zone from its placement group
         body["zones"] = [zone]
     if spot:
         body["properties"] |= {"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}}
     if placement_group_id:
         body["properties"]["proximityPlacementGroup"] = {"id": placement_group_id}
-    if scale_set_id:
-        body["properties"]["virtualMachineScaleSet"] = {"id": scale_set_id}
+    if availability_set_id:
+        body["properties"]["availabilitySet"] = {"id": availability_set_id}
+    return body
+
+
+def availability_set_body(*, location: str, node_tags: dict, placement_group_id: str | None) -> dict:
+    """An InfiniBand group's availability set: Aligned (managed disks), one fault and update domain (the
+    group is one fabric, planned maintenance takes it whole), in the group's proximity placement group."""
+    body: dict = {
+        "location": location,
+        "tags": node_tags,
+        "sku": {"name": "Aligned"},
+        "properties": {"platformFaultDomainCount": 1, "platformUpdateDomainCount": 1},
+    }
+    if placement_group_id:
+        body["properties"]["proximityPlacementGroup"] = {"id": placement_group_id}
     return body
 
 

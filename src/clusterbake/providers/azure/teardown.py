@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from typing import TYPE_CHECKING
 
+from clusterbake.errors import ClusterbakeError
 from clusterbake.progress import say
 from clusterbake.providers.azure import power, rbac, tags
 from clusterbake.providers.azure.api import get_or_none
@@ -24,6 +25,7 @@ DELETE_ORDER = (
     "Microsoft.Network/networkInterfaces",
     "Microsoft.Compute/disks",
     "Microsoft.Compute/virtualMachineScaleSets",
+    "Microsoft.Compute/availabilitySets",
     "Microsoft.Compute/proximityPlacementGroups",
     "Microsoft.Network/networkSecurityGroups",
     "Microsoft.Network/applicationSecurityGroups",
@@ -34,12 +36,14 @@ DELETE_ORDER = (
 )
 # How each type is deleted: (Clients attribute, its operations group, method). A `begin_` method is a
 # long-running operation, waited for after all of a type's deletes have started. Other types go by
-# their resource id through the generic resources API.
+# their resource id through the generic resources API, with an api-version their resource provider
+# registers (api_version_of: one fixed version fails for a provider with another family, review B3).
 DELETERS = {
     "Microsoft.Compute/virtualMachines": ("compute", "virtual_machines", "begin_delete"),
     "Microsoft.Network/networkInterfaces": ("network", "network_interfaces", "begin_delete"),
     "Microsoft.Compute/disks": ("compute", "disks", "begin_delete"),
     "Microsoft.Compute/virtualMachineScaleSets": ("compute", "virtual_machine_scale_sets", "begin_delete"),
+    "Microsoft.Compute/availabilitySets": ("compute", "availability_sets", "delete"),
     "Microsoft.Compute/proximityPlacementGroups": ("compute", "proximity_placement_groups", "delete"),
     "Microsoft.Network/networkSecurityGroups": ("network", "network_security_groups", "begin_delete"),
     "Microsoft.Network/applicationSecurityGroups": ("network", "application_security_groups", "begin_delete"),
@@ -48,7 +52,6 @@ DELETERS = {
     "Microsoft.Storage/storageAccounts": ("storage", "storage_accounts", "delete"),
     "Microsoft.StorageCache/amlFilesystems": ("storagecache", "aml_filesystems", "begin_delete"),
 }
-GENERIC_API_VERSION = "2024-03-01"
 
 
 def destroy_cluster(provider: AzureProvider) -> list[str]:
@@ -131,8 +134,20 @@ def _delete_all(provider: AzureProvider, rg: str, kind: str, items: list) -> lis
             if method.startswith("begin_"):
                 pollers.append(answer)
         else:
-            pollers.append(clients.resources.resources.begin_delete_by_id(item.id, api_version=GENERIC_API_VERSION))
+            version = api_version_of(clients, kind)
+            pollers.append(clients.resources.resources.begin_delete_by_id(item.id, api_version=version))
     for poller in pollers:
         poller.result()
     label = kind.split("/")[-1]
     return sorted(f"{label} {item.name}" for item in items)
+
+
+def api_version_of(clients, kind: str) -> str:
+    """The newest stable api-version the resource provider registers for `kind` (Namespace/type)."""
+    namespace, rtype = kind.split("/", 1)
+    for entry in clients.resources.providers.get(namespace).resource_types or []:
+        if (entry.resource_type or "").lower() == rtype.lower():
+            stable = [v for v in entry.api_versions or [] if not v.endswith("-preview")]
+            if stable:
+                return max(stable)
+    raise ClusterbakeError(f"Azure lists no api-version for {kind}: delete it by hand (az resource delete --ids ...)")

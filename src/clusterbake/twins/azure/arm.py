@@ -53,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
 
-from clusterbake.twins.azure import rbac, skus
+from clusterbake.twins.azure import api_versions, rbac, skus
 from clusterbake.twins.azure.handler import ARM_AUDIENCE, AUDIENCES, STORAGE_AUDIENCE, VAULT_AUDIENCE, Handler, Reply  # noqa: F401
 from clusterbake.twins.azure.services import (  # noqa: F401
     BlobHandler,
@@ -68,6 +68,7 @@ from clusterbake.twins.azure.state import ArmError, ArmState, Operation, Resourc
 from clusterbake.twins.azure.tls import make_certificates, server_context
 from clusterbake.twins.azure.vault_plane import VaultHandler  # noqa: F401
 
+LOCATIONS = sorted(skus.LOCATIONS)
 API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}(-preview)?$")
 TOKEN_SECONDS = 3600
 
@@ -417,6 +418,9 @@ class ArmHandler(Handler):
         version = query["api-version"]
         namespace = rest[0]
         tail = rest[1:]
+        if tail:
+            api_versions.check(f"{namespace}/{tail[0]}", version, LOCATIONS[0])
+        state.api_version = version
         if len(tail) % 2 == 1:
             if len(tail) == 1:  # a collection of top-level resources
                 if self.command != "GET":
@@ -475,6 +479,8 @@ class ArmHandler(Handler):
         state = self.twin.state
         namespace = lower[1]
         tail, tail_lower = rest[2:], lower[2:]
+        if not tail and self.command == "GET":
+            raise Reply(200, api_versions.provider(rest[1], LOCATIONS))
         if namespace == "microsoft.storagecache" and tail_lower == ["checkamlfssubnets"] and self.command == "POST":
             state.check_amlfs_subnets(body)
             raise Reply(200)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import copy
 
-from clusterbake.twins.azure import skus
+from clusterbake.twins.azure import skus, vm_rules
 from clusterbake.twins.azure.resource import (
     DEFAULT_FAMILY_LIMIT,
     DEFAULT_LIMITS,
@@ -19,6 +19,13 @@ from clusterbake.twins.azure.resource import (
     _now,
     _ref,
     not_found,
+)
+
+# What a VM can be placed in: (its property, the resource type it names).
+PLACEMENTS = (
+    ("proximityPlacementGroup", "Microsoft.Compute/proximityPlacementGroups"),
+    ("virtualMachineScaleSet", "Microsoft.Compute/virtualMachineScaleSets"),
+    ("availabilitySet", "Microsoft.Compute/availabilitySets"),
 )
 
 
@@ -82,6 +89,35 @@ class ComputeMixin:
         self._link(resource, props, "proximityPlacementGroup", ppg_type, "properties.proximityPlacementGroup")
         if body.get("zones"):
             resource["zones"] = list(body["zones"])
+        return resource
+
+    def _put_compute_availabilitysets(self, rid, body, existing):
+        """An availability set (Aligned: for managed disks), never zonal, optionally in a placement group."""
+        resource = self._base(rid, body, existing)
+        props = body.get("properties") or {}
+        sku = (body.get("sku") or {}).get("name", "Classic")
+        if sku != "Aligned":
+            raise ArmError(
+                400,
+                "InvalidParameter",
+                "Addition of a VM with managed disks to non-managed Availability Set is not supported: "
+                "create the availability set with sku Aligned.",
+                "sku.name",
+            )
+        if body.get("zones"):
+            raise ArmError(400, "InvalidParameter", "An availability set cannot be zonal.", "zones")
+        faults, updates = props.get("platformFaultDomainCount", 2), props.get("platformUpdateDomainCount", 5)
+        if faults not in (1, 2, 3) or not 1 <= updates <= 20:
+            raise ArmError(
+                400,
+                "InvalidParameter",
+                "platformFaultDomainCount must be 1-3 and platformUpdateDomainCount 1-20.",
+                "properties.platformFaultDomainCount",
+            )
+        resource["sku"] = {"name": "Aligned"}
+        resource["properties"] = {"platformFaultDomainCount": faults, "platformUpdateDomainCount": updates}
+        ppg_type = "Microsoft.Compute/proximityPlacementGroups"
+        self._link(resource, props, "proximityPlacementGroup", ppg_type, "properties.proximityPlacementGroup")
         return resource
 
     def usage(self, location: str) -> dict[str, tuple[int, int, str]]:
@@ -280,14 +316,22 @@ class ComputeMixin:
                 raise ArmError(400, "InvalidParameter", f"{nic['id']} is not in {location}.", "networkProfile")
         if body.get("identity"):
             resource["identity"] = self._vm_identity(rid, body["identity"])
-        for key, rtype in (
-            ("proximityPlacementGroup", "Microsoft.Compute/proximityPlacementGroups"),
-            ("virtualMachineScaleSet", "Microsoft.Compute/virtualMachineScaleSets"),
-        ):
+        for key, rtype in PLACEMENTS:
             if props.get(key):
                 found = self._require(_ref(props[key]), rtype, key)
                 if found.get("zones") and zones and found["zones"] != zones:
                     raise ArmError(400, "InvalidParameter", f"The VM's zone {zones} is not the {key}'s.", "zones")
+        fabric = vm_rules.check_placement(self.resources, props, zones, entry)
+        if fabric is None and skus.capability(entry, "RdmaEnabled") == "True":
+            fabric = rid.key  # on its own: an InfiniBand partition no other VM shares
+        image_kind, generation, required_security = vm_rules.image_facts(self.resources, image)
+        os_disk_type = ((storage.get("osDisk") or {}).get("managedDisk") or {}).get("storageAccountType")
+        vm_rules.check_capabilities(
+            entry, [self.resources[_ref(ref).lower()] for ref in nics], os_disk_type or "", generation
+        )
+        security = vm_rules.security_profile(
+            props.get("securityProfile"), self.api_version, image_kind, generation, required_security
+        )
         self._check_quota(location, entry, spot)
 
         disk_name = f"{rid.name}_OsDisk_1_{self.guid('disk').replace('-', '')}"
@@ -354,13 +398,15 @@ class ComputeMixin:
             resource["properties"]["billingProfile"] = {
                 "maxPrice": (props.get("billingProfile") or {}).get("maxPrice", -1)
             }
-        for key in ("proximityPlacementGroup", "virtualMachineScaleSet", "securityProfile", "diagnosticsProfile"):
+        for key, _ in PLACEMENTS:
             if props.get(key):
-                resource["properties"][key] = (
-                    {"id": self.resources[_ref(props[key]).lower()]["id"]}
-                    if key in ("proximityPlacementGroup", "virtualMachineScaleSet")
-                    else props[key]
-                )
+                resource["properties"][key] = {"id": self.resources[_ref(props[key]).lower()]["id"]}
+        if props.get("diagnosticsProfile"):
+            resource["properties"]["diagnosticsProfile"] = props["diagnosticsProfile"]
+        if security:
+            resource["properties"]["securityProfile"] = security
+        resource["_ib_fabric"] = fabric
+        resource["_api_version"] = self.api_version
         if zones:
             resource["zones"] = zones
         for ref in nics:

@@ -196,7 +196,7 @@ class AzureTwin:
     def start_node_vault(self) -> None:
         """`https://<vault>.vault.azure.net/` and `https://<account>.blob.core.windows.net/` for the nodes:
         arm.py's Key Vault and blob service (blob.py), by Host header."""
-        from clusterbake.twins.azure import arm, blob
+        from clusterbake.twins.azure import arm, blob, egress
         from clusterbake.twins.azure.tls import server_context
 
         directory = self.root / "arm" / "tls"
@@ -204,6 +204,13 @@ class AzureTwin:
         class NodeVaultHandler(arm.VaultHandler, arm.ServiceHandler):
             def _by_host(self) -> None:
                 host = (self.headers.get("Host") or "").rsplit(":", 1)[0].lower()
+                service = "Microsoft.Storage" if BLOB_HOST.match(host) else "Microsoft.KeyVault"
+                with self.twin.state.lock:
+                    reachable = egress.reaches(self.twin.state, self.client_address[0], service)
+                if not reachable:  # no outbound path: nothing answers (egress.py)
+                    log(f"{self.client_address[0]} has no outbound access to {host} (egress.py): connection closed")
+                    self.close_connection = True
+                    return
                 if (blob_host := BLOB_HOST.match(host)) is not None:
                     self.reply(*blob.handle(
                         self.twin, self.command, self.path, self.headers, self.client_address[0], blob_host.group(1),

@@ -85,6 +85,22 @@ class NetworkMixin:
         self._link(
             resource, props, "networkSecurityGroup", "Microsoft.Network/networkSecurityGroups", "networkSecurityGroup"
         )
+        self._link(resource, props, "natGateway", "Microsoft.Network/natGateways", "natGateway")
+        if isinstance(props.get("defaultOutboundAccess"), bool):  # egress.py: False makes the subnet private
+            resource["properties"]["defaultOutboundAccess"] = props["defaultOutboundAccess"]
+        return resource
+
+    def _put_network_natgateways(self, rid, body, existing):
+        """A NAT gateway (Standard; its public addresses are not emulated: egress.py counts it as outbound)."""
+        resource = self._base(rid, body, existing)
+        if (body.get("sku") or {}).get("name") != "Standard":
+            raise ArmError(400, "InvalidParameter", "A NAT gateway's sku name must be Standard.", "sku.name")
+        resource["sku"] = {"name": "Standard"}
+        props = body.get("properties") or {}
+        resource["properties"] = {
+            "idleTimeoutInMinutes": int(props.get("idleTimeoutInMinutes") or 4),
+            "provisioningState": "Succeeded",
+        }
         return resource
 
     def _put_network_applicationsecuritygroups(self, rid, body, existing):

@@ -7,6 +7,10 @@ SKUs API (`az vm list-skus`): every value is a string, booleans "True"/"False".
 
 - Standard_D2s_v5, Standard_D4s_v5, Standard_D8s_v5: general purpose (2 / 4 / 8 vCPUs, 8 / 16 / 32 GiB).
 - Standard_D2as_v5, Standard_D4as_v5: the same with AMD EPYC (2 / 4 vCPUs, 8 / 16 GiB; family DASv5).
+- Standard_D4_v5: Dv5 without premium storage (PremiumIO False: Standard HDD/SSD disks only).
+- Standard_A2_v2: entry level (2 vCPUs, 4 GiB): no premium storage, no accelerated networking, Gen1
+  only (Microsoft's Av2-series page: "Premium Storage: Not Supported", "VM Generation Support:
+  Generation 1", "Accelerated Networking: Not Supported").
 - Standard_HB120rs_v3: 120 AMD cores without SMT, 448 GiB, 200 Gb/s HDR InfiniBand.
 - Standard_NC24ads_A100_v4: 24 vCPUs, 220 GiB, 1 x A100 80 GB, no InfiniBand.
 - Standard_ND96isr_H100_v5: 96 physical Sapphire Rapids cores, 1,900 GiB, 8 x H100 80 GB,
@@ -28,10 +32,24 @@ SIZES: dict[str, tuple[str, int, float, int, bool, int, bool]] = {
     "Standard_D8s_v5": ("standardDSv5Family", 8, 32, 0, False, 2, True),
     "Standard_D2as_v5": ("standardDASv5Family", 2, 8, 0, False, 2, True),
     "Standard_D4as_v5": ("standardDASv5Family", 4, 16, 0, False, 2, True),
+    "Standard_D4_v5": ("standardDv5Family", 4, 16, 0, False, 2, True),
+    "Standard_A2_v2": ("standardAv2Family", 2, 4, 0, False, 1, True),
     "Standard_HB120rs_v3": ("standardHBrsv3Family", 120, 448, 0, True, 1, True),
     "Standard_NC24ads_A100_v4": ("standardNCADSA100v4Family", 24, 220, 1, False, 1, True),
     "Standard_ND96isr_H100_v5": ("standardNDSH100v5Family", 96, 1900, 8, True, 1, False),
     "Standard_ND96isr_H200_v5": ("standardNDSH200v5Family", 96, 1850, 8, True, 1, False),
+}
+
+# Capabilities that differ from the common ones sku_entry gives (Resource SKUs' names and strings).
+CAPABILITY_OVERRIDES: dict[str, dict[str, str]] = {
+    "Standard_D4_v5": {"PremiumIO": "False", "MaxResourceVolumeMB": "0"},
+    "Standard_A2_v2": {
+        "PremiumIO": "False",
+        "AcceleratedNetworkingEnabled": "False",
+        "HyperVGenerations": "V1",
+        "MaxResourceVolumeMB": "20480",
+        "EphemeralOSDiskSupported": "False",
+    },
 }
 
 LOCATIONS: dict[str, dict[str, list[str]]] = {
@@ -45,6 +63,8 @@ ZONE_RESTRICTIONS: dict[tuple[str, str], list[str]] = {("eastus", "Standard_ND96
 FAMILY_NAMES = {
     "standardDSv5Family": "Standard DSv5 Family vCPUs",
     "standardDASv5Family": "Standard DASv5 Family vCPUs",
+    "standardDv5Family": "Standard Dv5 Family vCPUs",
+    "standardAv2Family": "Standard Av2 Family vCPUs",
     "standardHBrsv3Family": "Standard HBrsv3 Family vCPUs",
     "standardNCADSA100v4Family": "Standard NCADS_A100_v4 Family vCPUs",
     "standardNDSH100v5Family": "Standard NDSH100v5 Family vCPUs",
@@ -78,6 +98,8 @@ def sku_entry(name: str, location: str) -> dict:
         ("RdmaEnabled", _flag(rdma)),
         ("MaxNetworkInterfaces", "8" if vcpus >= 8 else "2"),
     ]
+    overrides = CAPABILITY_OVERRIDES.get(name, {})
+    capabilities = [(key, overrides.get(key, value)) for key, value in capabilities]
     if gpus:
         capabilities.insert(5, ("GPUs", str(gpus)))
     restrictions = []

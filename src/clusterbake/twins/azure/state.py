@@ -39,6 +39,7 @@ import uuid
 
 from clusterbake.twins.azure import skus
 from clusterbake.twins.azure.compute import ComputeMixin
+from clusterbake.twins.azure.gallery import GalleryMixin
 from clusterbake.twins.azure.keyvault import KeyVaultMixin
 from clusterbake.twins.azure.lustre import AmlfsMixin
 from clusterbake.twins.azure.network import NetworkMixin
@@ -71,8 +72,17 @@ from clusterbake.twins.azure.resource import (  # noqa: F401
 )
 from clusterbake.twins.azure.storage import StorageMixin
 
+# Types whose create answers 200, not 201 (their REST reference lists 200 only; the SDK accepts nothing else).
+CREATED_WITH_200 = {"microsoft.compute/availabilitysets"}
+# The VM property that makes it a member of a placement resource, by that resource's type.
+MEMBERS_KEY = {
+    "Microsoft.Compute/proximityPlacementGroups": "proximityPlacementGroup",
+    "Microsoft.Compute/virtualMachineScaleSets": "virtualMachineScaleSet",
+    "Microsoft.Compute/availabilitySets": "availabilitySet",
+}
 
-class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMixin, RbacMixin):
+
+class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultMixin, AmlfsMixin, RbacMixin):
     def __init__(
         self,
         subscription: str = DEFAULT_SUBSCRIPTION,
@@ -95,6 +105,8 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
         self.role_assignments: dict[str, dict] = {}  # assignment id (lower case) -> assignment
         # Who sends the request being handled (arm.py sets it): (client id, createdByType) for systemData.
         self.actor: tuple[str, str] = ("clusterbake-twin", "Application")
+        # The api-version of the request being served (a VM's defaults depend on it: compute.security_profile).
+        self.api_version = ""
 
     # --- persistence ------------------------------------------------------------------
 
@@ -319,14 +331,14 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
             ]
         elif rtype == "Microsoft.Compute/virtualMachines" and expand_instance_view:
             out["properties"]["instanceView"] = self.instance_view(resource)
-        elif rtype in ("Microsoft.Compute/proximityPlacementGroups", "Microsoft.Compute/virtualMachineScaleSets"):
-            key = "proximityPlacementGroup" if "proximity" in rtype else "virtualMachineScaleSet"
+        elif rtype in MEMBERS_KEY:
+            key = MEMBERS_KEY[rtype]
             members = [
                 {"id": vm["id"]}
                 for vm in self._of_type("Microsoft.Compute/virtualMachines")
                 if (_ref(vm["properties"].get(key)) or "").lower() == resource["id"].lower()
             ]
-            if "proximity" in rtype:
+            if rtype != "Microsoft.Compute/virtualMachineScaleSets":
                 out["properties"]["virtualMachines"] = members
         return out
 
@@ -422,7 +434,8 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
         resource.pop("_lro", None)
         resource["systemData"] = self._system_data(existing)
         self.resources[rid.key] = resource
-        return (200 if existing else 201), self.view(resource), op
+        created = 201 if rid.type_key not in CREATED_WITH_200 else 200
+        return (200 if existing else created), self.view(resource), op
 
     def _system_data(self, existing: dict | None) -> dict:
         """ARM's systemData: who created and last changed a resource (`actor`: the request's principal)."""
@@ -477,6 +490,8 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
             "Microsoft.Network/applicationSecurityGroups": ("InUseApplicationSecurityGroupCannotBeDeleted", "asg"),
             "Microsoft.Compute/proximityPlacementGroups": ("OperationNotAllowed", "proximityPlacementGroup"),
             "Microsoft.Compute/virtualMachineScaleSets": ("OperationNotAllowed", "virtualMachineScaleSet"),
+            "Microsoft.Compute/availabilitySets": ("OperationNotAllowed", "availabilitySet"),
+            "Microsoft.Network/natGateways": ("InUseNatGatewayCannotBeDeleted", "natGateway"),
         }
         if rtype in refs:
             code, key = refs[rtype]
