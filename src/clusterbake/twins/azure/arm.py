@@ -301,6 +301,10 @@ class ArmHandler(Handler):
         if path == "/_twin/quota" and self.command == "PUT":
             state.quota = {k.lower(): dict(v) for k, v in (body or {}).items()}
             raise Reply(200, state.quota)
+        if path == "/_twin/strict" and self.command == "PUT":
+            state.set_strict(body or {})
+        if path == "/_twin/strict" and self.command in ("GET", "PUT"):
+            raise Reply(200, state.strict)
         if path == "/_twin/state" and self.command == "GET":
             raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid})
         match = re.fullmatch(r"/_twin/vms/([^/]+)/custom-data", path)
@@ -447,6 +451,8 @@ class ArmHandler(Handler):
             state.get(parent)  # 404 for the parent
             raise ArmError(404, "InvalidResourceType", f"'{last}' is not known to this twin.")
         rid = ResourceId(subscription, group, namespace, tail[0::2], tail[1::2])
+        if rid.type_key == "microsoft.keyvault/vaults/accesspolicies" and self.command == "PUT":
+            raise Reply(200, state.update_access_policy(rid, rid.name, body))
         if self.command == "GET":
             resource = state.get(rid)
             if rid.type_key == "microsoft.compute/virtualmachines" and query.get("$expand") == "instanceView":

@@ -71,6 +71,11 @@ from clusterbake.twins.azure.resource import (  # noqa: F401
 )
 from clusterbake.twins.azure.storage import StorageMixin
 
+# Where the twin is as strict as Azure, each a switch (on unless a test turns it off: PUT /_twin/strict).
+STRICT = {
+    "keyvault_secret_size": True,  # a secret's value over 25 KB: 400 BadParameter (SecretTooLarge)
+}
+
 
 class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMixin, RbacMixin):
     def __init__(
@@ -91,10 +96,20 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
         self.operations: dict[str, Operation] = {}
         self.capacity: dict[str, dict] = {}  # size (lower) -> {"limit": n, "code": ...}
         self.quota: dict[str, dict[str, int]] = {}  # location -> usage name -> limit
+        self.strict: dict[str, bool] = dict(STRICT)
         self.role_definitions: dict[str, dict] = {}  # custom roles by GUID (lower case)
         self.role_assignments: dict[str, dict] = {}  # assignment id (lower case) -> assignment
         # Who sends the request being handled (arm.py sets it): (client id, createdByType) for systemData.
         self.actor: tuple[str, str] = ("clusterbake-twin", "Application")
+
+    def set_strict(self, switches: dict) -> None:
+        if (
+            not isinstance(switches, dict)
+            or set(switches) - set(STRICT)
+            or not all(isinstance(v, bool) for v in switches.values())
+        ):
+            raise ArmError(400, "InvalidParameter", f"strict switches are {sorted(STRICT)}, each true or false")
+        self.strict.update(switches)
 
     # --- persistence ------------------------------------------------------------------
 
@@ -111,6 +126,7 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
                     "secrets": self.secrets,
                     "capacity": self.capacity,
                     "quota": self.quota,
+                    "strict": self.strict,
                     "role_definitions": self.role_definitions,
                     "role_assignments": self.role_assignments,
                 }
@@ -123,6 +139,7 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
             self.secrets = data.get("secrets", {})
             self.capacity = data.get("capacity", {})
             self.quota = data.get("quota", {})
+            self.strict = dict(STRICT) | data.get("strict", {})
             self.role_definitions = data.get("role_definitions", {})
             self.role_assignments = data.get("role_assignments", {})
             # Operations are not kept across a restart: what was in flight finishes now.
