@@ -13,9 +13,11 @@ make on purpose):
   base64), `/metadata/instance/compute/userData?format=text`, and
   `/metadata/identity/oauth2/token` (resource https://vault.azure.net, the user-assigned
   identity's client_id; an unknown one: 400 invalid_request "Identity not found").
-- Key Vault: `GET /secrets/{name}?api-version=7.4` with a bearer token the IMDS issued
-  for the vault's audience (none: 401 with the challenge), 403 Forbidden
-  (ForbiddenByRbac) for an identity without a role, 404 SecretNotFound until published.
+- Key Vault: `GET /secrets/{name}[/{version}]?api-version=7.4` with a bearer token the
+  IMDS issued for the vault's audience (none: 401 with the challenge), 403 Forbidden
+  (ForbiddenByRbac) for an identity without a role, 404 SecretNotFound until published,
+  403 Forbidden (SecretDisabled) for a disabled version. The secret holds what the
+  provider publishes: the bundle's envelope (src/clusterbake/providers/join_envelope.py).
 
 What real Azure does beyond these documented shapes (the token's contents, RBAC
 propagation times) is not shown here; see roles/cloud_boot/README.md.

@@ -27,11 +27,13 @@ behind the CONNECT proxy in services.py:
   `*.vault.azure.net:443` and terminates TLS with the twin's certificate. Key Vault's
   challenge (401 with `WWW-Authenticate: Bearer authorization=..., resource=...`), then
   access policies decide; secrets are versioned (a version can be listed, disabled with
-  UpdateSecret, and a disabled one is refused with 403 SecretDisabled), delete is soft.
+  UpdateSecret, and a disabled one is refused with 403 SecretDisabled), delete is soft; a
+  value over 25 KB is refused (400 BadParameter, SecretTooLarge) while that strict switch is on.
 - **Test switches** (`/_twin/...`, no token needed): `PUT /_twin/capacity`
   `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
-  `{"<location>": {"<usage name>": limit}}`, `GET /_twin/state` (everything, for tests),
-  `GET /_twin/vms/<name>/custom-data` (what a VM was given).
+  `{"<location>": {"<usage name>": limit}}`, `PUT /_twin/strict` `{"<switch>": false}` (each
+  strictness of state.STRICT, on by default; `GET` shows them), `GET /_twin/state` (everything,
+  for tests), `GET /_twin/vms/<name>/custom-data` (what a VM was given).
 """
 
 from __future__ import annotations
