@@ -344,6 +344,20 @@ def test_publish_writes_a_version_only_when_the_value_changes(moto):
     secrets.delete_all(sm, "pub")
 
 
+def test_a_bundle_over_secrets_managers_64_kib_is_refused_naming_what_to_change(moto):
+    """The same error as the azure provider's (join_envelope.too_large), before anything is written."""
+    sm = moto.client("secretsmanager")
+    secrets.ensure_secret(sm, "big", "cpu")
+    writes = _writes(sm)
+    with pytest.raises(ClusterbakeError) as refused:
+        secrets.publish(sm, "big", "cpu", "x" * 65537)
+    assert str(refused.value).startswith("join bundle of node group cpu: 65537 bytes, more than a Secrets Manager")
+    assert "nothing was published" in str(refused.value) and "node_groups[].count / max_count" in str(refused.value)
+    assert writes == [] and not secrets.has_value(sm, "big", "cpu")
+    assert secrets.publish(sm, "big", "cpu", "x" * 65536) is True
+    secrets.delete_all(sm, "big")
+
+
 def test_a_replaced_bundle_keeps_no_stage(moto):
     """After a publish only the new bundle has a stage: no AWSPREVIOUS holding the old munge key."""
     sm = moto.client("secretsmanager")

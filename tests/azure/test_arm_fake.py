@@ -265,6 +265,8 @@ def test_key_vault_soft_delete_and_data_plane_access(own_twin):
     status, vault, headers = twin.request("PUT", url, body, token)
     assert status == 201 and vault["properties"]["vaultUri"] == "https://cbtwinvault.vault.azure.net/"
     _wait(twin, token, headers)
+    _access_policies_are_added_not_replaced(twin, token, url, tenant, caller)
+    _secret_values_over_25_kb_are_refused(twin, vault["properties"]["vaultUri"])
     status, _, _ = twin.request("DELETE", url, token=token)
     assert status == 200
     status, error, _ = twin.request("PUT", url, body, token)
@@ -277,6 +279,59 @@ def test_key_vault_soft_delete_and_data_plane_access(own_twin):
     _wait(twin, token, headers)
     status, _, _ = twin.request("GET", f"{deleted}?{V}", token=token)
     assert status == 404
+
+
+def _access_policies_are_added_not_replaced(twin: Twin, token: str, url: str, tenant: str, caller: str) -> None:
+    """Vaults - Update Access Policy, operationKind add: permissions merge into the entry of the same object,
+    a new object gets its own entry, and every other policy stays (a PUT of the vault replaces them all)."""
+    other = "6f1c0a2e-5b7d-4e8f-9a3c-2d1e0f9b8a7c"
+    add = url.replace("/cbtwinvault?", "/cbtwinvault/accessPolicies/add?")
+    policies = [
+        {"tenantId": tenant, "objectId": caller, "permissions": {"secrets": ["Get", "set", "list"]}},
+        {"tenantId": tenant, "objectId": other, "permissions": {"secrets": ["get"], "keys": ["encrypt"]}},
+    ]
+    status, answer, _ = twin.request("PUT", add, {"properties": {"accessPolicies": policies}}, token)
+    assert status == 200, answer
+    assert answer["type"] == "Microsoft.KeyVault/vaults/accessPolicies"
+    assert answer["properties"]["accessPolicies"] == policies
+    _, vault, _ = twin.request("GET", url, token=token)
+    held = {p["objectId"]: p["permissions"] for p in vault["properties"]["accessPolicies"]}
+    assert held == {caller: {"secrets": ["get", "set", "list"]}, other: {"secrets": ["get"], "keys": ["encrypt"]}}
+    for kind, body, code in [
+        ("replace", {"properties": {"accessPolicies": policies}}, "InvalidParameter"),  # not emulated: refused
+        ("add", {"properties": {"accessPolicies": [{"objectId": other}]}}, "BadRequest"),  # no tenant
+    ]:
+        status, error, _ = twin.request("PUT", add.replace("/add?", f"/{kind}?"), body, token)
+        assert (status, error["error"]["code"]) == (400, code)
+
+
+def _secret_values_over_25_kb_are_refused(twin: Twin, vault_url: str) -> None:
+    """Key Vault holds 25 KB a secret: more is 400 BadParameter, inner code SecretTooLarge (a strict switch,
+    on by default; off, the twin takes any size)."""
+    from azure.core.exceptions import HttpResponseError
+    from azure.identity import DefaultAzureCredential
+    from azure.keyvault.secrets import SecretClient
+
+    with twin.sdk_env():
+        client = SecretClient(vault_url, DefaultAzureCredential())
+        assert len(client.set_secret("fits", "x" * 25600).value) == 25600
+        with pytest.raises(HttpResponseError) as refused:
+            client.set_secret("too-big", "x" * 25601)
+        assert refused.value.status_code == 400
+        assert refused.value.error.code == "BadParameter"
+        assert "beyond the maximum permitted length of 25600 characters" in refused.value.error.message
+        assert refused.value.error.innererror["code"] == "SecretTooLarge"
+        with pytest.raises(HttpResponseError):
+            client.set_secret("too-big", "é" * 12801)  # 25602 bytes of UTF-8: counted in bytes
+        status, strict, _ = twin.request("PUT", "/_twin/strict", {"keyvault_secret_size": False})
+        assert (status, strict) == (200, {"keyvault_secret_size": False})
+        try:
+            assert len(client.set_secret("too-big", "x" * 25601).value) == 25601
+        finally:
+            twin.request("PUT", "/_twin/strict", {"keyvault_secret_size": True})
+    status, error, _ = twin.request("PUT", "/_twin/strict", {"no_such_switch": True})
+    assert (status, error["error"]["code"]) == (400, "InvalidParameter")
+    assert twin.request("GET", "/_twin/strict")[1] == {"keyvault_secret_size": True}
 
 
 def test_state_survives_a_restart_of_the_twin(tmp_path):

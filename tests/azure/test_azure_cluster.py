@@ -11,11 +11,14 @@ from __future__ import annotations
 import base64
 import email
 import importlib.util
+import ipaddress
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
+import programs
 import pytest
 from azuretest import (
     LOCATION,
@@ -208,22 +211,89 @@ def test_rerun_writes_nothing(twin, ndv5):
     assert after["resources"] == before["resources"]
 
 
+def _node_boot():
+    return programs.load_program(
+        "clusterbake_node_boot_azure_twin", REPO / "roles/cloud_boot/files/clusterbake-node-boot"
+    )
+
+
+class _VmIdentity:
+    """A token of the node's managed identity for Key Vault: the twin's managed identity endpoint stands
+    in for the VM's IMDS (the boot program's own IMDS requests: tests/unit/test_node_boot_azure.py)."""
+
+    def __init__(self, twin):
+        self.twin = twin
+
+    def token(self, client_id: str | None, refresh: bool = False) -> str:
+        return self.twin.token(client_id, resource="https://vault.azure.net")
+
+
+def _node_reads_its_bundle(twin, node: str = "gpu-1") -> str:
+    """The join bundle as the node's boot program reads it from the twin's Key Vault: where the VM's
+    userData says it is, with the nodes' identity (its access policy: get)."""
+    _, body, _ = twin.request("GET", f"/_twin/vms/{CLUSTER}-{node}/custom-data")
+    message = email.message_from_bytes(base64.b64decode(body["userData"]))
+    part = next(p for p in message.walk() if p.get_content_type() == "text/x-clusterbake")
+    source = json.loads(part.get_payload(decode=True))["join"]
+    return _node_boot().azure_bundle(source, _VmIdentity(twin))
+
+
+def _bundle(nodes: int, certificates: int = 0) -> str:
+    """A compute node's bundle of the documented shape (roles/node_join/README.md, "The bundle") for
+    `nodes` planned nodes, half of them an elastic group's: /etc/hosts from role common's own template,
+    the munge key, users with SSH keys, `certificates` extra CA certificates (random, as keys are)."""
+    from jinja2 import Template
+
+    names = [f"gpu-{i}" for i in range(1, nodes // 2 + 1)] + [f"burst-{i}" for i in range(1, nodes - nodes // 2 + 1)]
+    hostvars = {name: {"ansible_host": str(ipaddress.ip_address("10.70.0.4") + i)} for i, name in enumerate(names)}
+    hosts = Template((REPO / "roles/common/templates/hosts.j2").read_text()).render(
+        groups={"all": names}, hostvars=hostvars
+    )
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    def pem(der: bytes) -> str:
+        lines = [b64(der)[i : i + 64] for i in range(0, len(b64(der)), 64)]
+        return "-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n"
+
+    users = [
+        {"name": f"user{i}", "uid": 2000 + i, "gid": 2000 + i, "groups": [], "shell": "/bin/bash", "sudo": False,
+         "ssh_authorized_keys": [f"ssh-ed25519 {b64(secrets.token_bytes(51))} user{i}@corp"]}
+        for i in range(20)
+    ]  # fmt: skip
+    bundle = {
+        "format": 1,
+        "cluster": CLUSTER,
+        "files": [
+            {"path": "/etc/hosts", "content_b64": b64(hosts.encode()), "mode": "0644"},
+            {"path": "/etc/munge/munge.key", "content_b64": b64(secrets.token_bytes(1024)), "mode": "0400"},
+        ],
+        "users": users,
+        "ca_certificates": [
+            {"name": f"corp-{i}.crt", "content_b64": b64(pem(secrets.token_bytes(1400)).encode())}
+            for i in range(certificates)
+        ],
+        "services": ["munge", "slurmd"],
+        "after_controller": ["slurmd"],
+    }
+    return json.dumps(bundle)
+
+
+def _versions(twin) -> dict[str, list[bool]]:
+    vault = of_type(twin.resources_of(CLUSTER), "Microsoft.KeyVault/vaults")[0]
+    stored = twin.state()["secrets"][vault["name"]]
+    return {name: [v["attributes"]["enabled"] for v in versions] for name, versions in sorted(stored.items())}
+
+
 def test_after_configure_publishes_the_bundle_the_nodes_can_read(twin, ndv5, monkeypatch):
     from azure.core.exceptions import HttpResponseError
     from azure.identity import ManagedIdentityCredential
     from azure.keyvault.secrets import SecretClient
 
-    from clusterbake.config import load_config
-    from clusterbake.providers.azure.provider import AzureProvider
-    from clusterbake.state import StateDir
-
-    for key, value in twin.env.items():
-        monkeypatch.setenv(key, value)
-    config = load_config(ndv5["path"])
-    state = StateDir(ndv5["state_dir"])
-    join = state.cluster(CLUSTER).join_bundles
+    provider = _provider(twin, ndv5, monkeypatch)
+    join = provider.cluster.join_bundles
     (join / "gpu.json").write_text('{"files": [], "users": []}')
-    provider = AzureProvider(config, state)
     provider.after_configure()
     provider.after_configure()  # unchanged: not written again
     resources = twin.resources_of(CLUSTER)
@@ -232,10 +302,10 @@ def test_after_configure_publishes_the_bundle_the_nodes_can_read(twin, ndv5, mon
     versions = twin.state()["secrets"][vault["name"]]["join-gpu"]
     assert len(versions) == 1 and versions[0]["contentType"] == "application/json"
     # A node reads it with the group's identity (Key Vault's challenge, access policy get) and may not write.
+    assert _node_reads_its_bundle(twin) == '{"files": [], "users": []}'
     node = SecretClient(
         vault["properties"]["vaultUri"], ManagedIdentityCredential(client_id=identity["properties"]["clientId"])
     )
-    assert node.get_secret("join-gpu").value == '{"files": [], "users": []}'
     with pytest.raises(HttpResponseError) as info:
         node.set_secret("join-gpu", "x")
     assert info.value.status_code == 403 and "does not have secrets set permission" in str(info.value)
@@ -247,13 +317,60 @@ def test_after_configure_publishes_the_bundle_the_nodes_can_read(twin, ndv5, mon
         "gpu: join bundle published (running VMs take it at their next boot)",
         "gpu: 1 replaced join bundle version(s) disabled",
     ]
-    assert node.get_secret("join-gpu").value.startswith('{"files": [{"path"')
+    assert _node_reads_its_bundle(twin).startswith('{"files": [{"path"')
     with pytest.raises(HttpResponseError) as info:
         node.get_secret("join-gpu", old)
     assert info.value.status_code == 403 and "not allowed on a disabled secret" in str(info.value)
     versions = twin.state()["secrets"][vault["name"]]["join-gpu"]
     assert [v["attributes"]["enabled"] for v in versions] == [False, True]
     assert provider.after_configure() == []  # nothing left to disable, nothing written
+
+
+def test_a_bundle_over_key_vaults_25_kb_is_compressed_or_split_and_reads_back_whole(twin, ndv5, monkeypatch):
+    """Realcloud review B5: Key Vault holds 25 KB a secret (the twin refuses more, as Key Vault does). A bundle
+    for hundreds of planned nodes is published gzipped; one that is still too big, in parts; a node reads
+    back the very bundle; parts a smaller bundle no longer needs are disabled; one that cannot fit is
+    refused before anything is written, naming what to change."""
+    from clusterbake.errors import ClusterbakeError
+
+    provider = _provider(twin, ndv5, monkeypatch)
+    path = provider.cluster.join_bundles / "gpu.json"
+    limit = 25 * 1024
+
+    hundreds = _bundle(nodes=1200)
+    assert len(hundreds) > limit
+    path.write_text(hundreds)
+    assert "gpu: join bundle published (running VMs take it at their next boot)" in provider.after_configure()
+    assert _node_reads_its_bundle(twin) == hundreds
+    assert not [name for name in _versions(twin) if name.startswith("join-gpu--")]  # one secret holds it
+
+    big = _bundle(nodes=1200, certificates=16)  # CA certificates hardly compress
+    path.write_text(big)
+    provider.after_configure()
+    versions = _versions(twin)
+    parts = [name for name in versions if name.startswith("join-gpu--")]
+    assert len(parts) >= 2 and parts == [f"join-gpu--{k}" for k in range(1, len(parts) + 1)]
+    assert all(versions[name] == [True] for name in parts)
+    assert versions["join-gpu"][-1] is True and True not in versions["join-gpu"][:-1]
+    assert _node_reads_its_bundle(twin) == big
+    assert _node_reads_its_bundle(twin, "gpu-2") == big
+    assert provider.after_configure() == []  # the same bundle again: nothing written, nothing to disable
+
+    path.write_text(hundreds)  # smaller again: the parts are disabled (the old munge key is in them)
+    assert f"gpu: {1 + len(parts)} replaced join bundle version(s) disabled" in provider.after_configure()
+    assert all(_versions(twin)[name] == [False] for name in parts)
+    assert _node_reads_its_bundle(twin) == hundreds
+
+    before = twin.state()["secrets"]
+    path.write_text(_bundle(nodes=1200, certificates=120))
+    with pytest.raises(ClusterbakeError) as refused:
+        provider.after_configure()
+    message = str(refused.value)
+    assert message.startswith("join bundle of node group gpu: ") and "nothing was published" in message
+    assert "Key Vault's 8 secrets of 25600 bytes" in message
+    assert "node_groups[].count / max_count" in message and "image.extra_ca_certificates" in message
+    assert twin.state()["secrets"] == before
+    assert _node_reads_its_bundle(twin) == hundreds
 
 
 def _provider(twin, ndv5, monkeypatch):
@@ -263,6 +380,8 @@ def _provider(twin, ndv5, monkeypatch):
 
     for key, value in twin.env.items():
         monkeypatch.setenv(key, value)
+    # The node's boot program (urllib) trusts the system's CAs, which hold the twin's on a twin's node.
+    monkeypatch.setenv("SSL_CERT_FILE", twin.env["REQUESTS_CA_BUNDLE"])
     return AzureProvider(load_config(ndv5["path"]), StateDir(ndv5["state_dir"]))
 
 
@@ -412,13 +531,40 @@ def _power(twin, name: str) -> str:
     return next(s["code"] for s in view["statuses"] if s["code"].startswith("PowerState/"))
 
 
-def test_cluster_up_starts_a_deallocated_node(twin, ndv5):
+def _as_another_operator_left_the_vault(twin) -> str:
+    """The vault as another operator's `cluster up` left it: their access policy and the nodes', not this
+    controller's. Returns their object id."""
+    vault = of_type(twin.resources_of(CLUSTER), "Microsoft.KeyVault/vaults")[0]
+    state = twin.state()
+    tenant, controller = state["tenant"], state["controller_oid"]
+    operator = "3b9d2c71-0e4f-4a6b-8c5d-7e2f1a0b9c8d"
+    policies = [p for p in vault["properties"]["accessPolicies"] if p["objectId"] != controller]
+    policies.append({"tenantId": tenant, "objectId": operator, "permissions": {"secrets": ["get", "set", "list"]}})
+    body = {k: vault[k] for k in ("location", "tags")} | {
+        "properties": {"tenantId": tenant, "sku": {"family": "A", "name": "standard"}, "accessPolicies": policies}
+    }
+    status, answer, _ = twin.request("PUT", f"{vault['id']}?api-version=2024-11-01", body, twin.token())
+    assert status == 200, answer
+    return operator
+
+
+def test_cluster_up_starts_a_deallocated_node_and_keeps_another_operators_vault_access(twin, ndv5):
+    """One re-run of `cluster up` for two things others changed. A deallocated node is started. And
+    realcloud review B9: a PUT of the vault replaces every access policy, so this controller's policy is
+    added with the vault's "add" operation and the other operator's stays."""
     _vm_action(twin, "gpu-2", "deallocate")
+    operator = _as_another_operator_left_the_vault(twin)
     time.sleep(0.3)
     assert _power(twin, "gpu-2") == "PowerState/deallocated"
     again = run_cb(twin, ndv5["state_dir"], ndv5["config"], "cluster", "up", "--provision-only")
     assert "starting 1 stopped VM(s)" in again.stderr
     assert _power(twin, "gpu-2") == "PowerState/running"
+    vault = of_type(twin.resources_of(CLUSTER), "Microsoft.KeyVault/vaults")[0]
+    held = {p["objectId"]: sorted(p["permissions"]["secrets"]) for p in vault["properties"]["accessPolicies"]}
+    assert held.get(operator) == ["get", "list", "set"]
+    assert held[twin.state()["controller_oid"]] == ["delete", "get", "list", "set"]
+    assert len(held) == 3  # and the nodes' identity's
+    assert f"key vault {vault['name']}: access policies added for 1 principal(s)" in again.stderr
 
 
 def test_an_evicted_spot_node_comes_back_at_its_address(twin, ndv5):

@@ -13,9 +13,11 @@ make on purpose):
   base64), `/metadata/instance/compute/userData?format=text`, and
   `/metadata/identity/oauth2/token` (resource https://vault.azure.net, the user-assigned
   identity's client_id; an unknown one: 400 invalid_request "Identity not found").
-- Key Vault: `GET /secrets/{name}?api-version=7.4` with a bearer token the IMDS issued
-  for the vault's audience (none: 401 with the challenge), 403 Forbidden
-  (ForbiddenByRbac) for an identity without a role, 404 SecretNotFound until published.
+- Key Vault: `GET /secrets/{name}[/{version}]?api-version=7.4` with a bearer token the
+  IMDS issued for the vault's audience (none: 401 with the challenge), 403 Forbidden
+  (ForbiddenByRbac) for an identity without a role, 404 SecretNotFound until published,
+  403 Forbidden (SecretDisabled) for a disabled version. The secret holds what the
+  provider publishes: the bundle's envelope (src/clusterbake/providers/join_envelope.py).
 
 What real Azure does beyond these documented shapes (the token's contents, RBAC
 propagation times) is not shown here; see roles/cloud_boot/README.md.
@@ -40,6 +42,7 @@ import pytest
 import yaml
 from playbook_run import ANSIBLE_PLAYBOOK, playbook_env
 
+from clusterbake.providers import join_envelope
 from clusterbake.providers.userdata import user_data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +52,7 @@ CLIENT_ID = "5e1a0c7b-2f4d-4a8e-9c3b-7d6f1e2a9b40"
 OTHER_CLIENT_ID = "0f9e8d7c-6b5a-4c3d-8e2f-1a0b9c8d7e6f"
 SECRET = "clusterbake-demo-gpu-join"
 BUNDLE = '{"munge_key": "c2VjcmV0", "hosts": "10.0.0.4 head\\n"}'
+ENVELOPE = join_envelope.pack(BUNDLE, 25 * 1024).inline  # what the provider publishes (join_envelope.py)
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemo controller"
 
 
@@ -176,7 +180,7 @@ class Vault(Handler):
         )
         if client_id is None:
             return self.refuse(401, {"error": {"code": "Unauthorized", "message": "AKV10032: Invalid issuer."}})
-        if len(parts) != 2 or parts[0] != "secrets":
+        if len(parts) not in (2, 3) or parts[0] != "secrets":
             return self.refuse(404, {"error": {"code": "NotFound", "message": f"{url.path} is not a secret"}})
         state["gets"] += 1
         if state["grant_after"] is not None and state["gets"] > state["grant_after"]:
@@ -194,8 +198,12 @@ class Vault(Handler):
                 },
             )
         if state["publish_after"] is not None and state["gets"] > state["publish_after"]:
-            state["secrets"].setdefault(SECRET, BUNDLE)
+            state["secrets"].setdefault(SECRET, ENVELOPE)
+        if len(parts) == 3:
+            return self.version(parts[1], parts[2])
         value = state["secrets"].get(parts[1])
+        if parts[1] == SECRET and state["published_next"]:
+            state["secrets"][SECRET] = state["published_next"].pop(0)  # the controller publishes right after
         if value is None:
             return self.answer(
                 404,
@@ -215,6 +223,24 @@ class Vault(Handler):
             },
         )
 
+    def version(self, name: str, version: str):
+        """Get Secret of one version: 404 SecretNotFound if it has none such, 403 SecretDisabled if disabled."""
+        found = self.server.state["versions"].get((name, version))
+        if found is None:
+            message = f"A secret with (name/id) {name}/{version} was not found in this key vault."
+            return self.answer(404, {"error": {"code": "SecretNotFound", "message": message}})
+        value, enabled = found
+        if not enabled:
+            error = {
+                "code": "Forbidden",
+                "message": "Operation get is not allowed on a disabled secret.",
+                "innererror": {"code": "SecretDisabled"},
+            }
+            return self.answer(403, {"error": error})
+        attributes = {"enabled": True, "created": 1700000000, "updated": 1700000000}
+        return self.answer(200, {"value": value, "id": f"{self.server.state['vault_url']}/secrets/{name}/{version}",
+                                 "attributes": attributes})  # fmt: skip
+
 
 def join_part(**changes):
     join = {"cloud": "azure", "vault_url": "", "secret_name": SECRET, "client_id": CLIENT_ID}
@@ -232,7 +258,9 @@ def azure(tmp_path, monkeypatch):
         "tokens": {},
         "identities": {CLIENT_ID},
         "readers": {CLIENT_ID},
-        "secrets": {SECRET: BUNDLE},
+        "secrets": {SECRET: ENVELOPE},
+        "versions": {},  # (name, version) -> (value, enabled): the bundle's parts
+        "published_next": [],  # the envelopes the controller publishes, one after each read of SECRET
         "tags": {"clusterbake-cluster": "demo", "clusterbake-nodegroup": "gpu", "clusterbake-name": "gpu-3"},
         "user_data_in_document": True,
         "gets": 0,
@@ -330,8 +358,9 @@ def test_the_stand_ins_refuse_what_azure_refuses(azure):
     assert request(secret, {"Authorization": f"Bearer {answer['access_token']}"})[0] == 400  # no api-version
     assert (
         request(f"{secret}?api-version=7.4", {"Authorization": f"Bearer {answer['access_token']}"})[1]["value"]
-        == BUNDLE
+        == ENVELOPE
     )
+    assert request(f"{secret}--1/0a1b?api-version=7.4", {"Authorization": f"Bearer {answer['access_token']}"})[0] == 404
     assert len(azure["state"]["refused"]) == 7
     azure["state"]["refused"].clear()
 
@@ -386,6 +415,84 @@ def test_fetch_hands_the_bundle_to_the_join_program(azure, capsys):
         {"api-version": "2018-02-01", "resource": "https://vault.azure.net", "client_id": CLIENT_ID}
     ]
     assert azure["state"]["vault"] == [f"/secrets/{SECRET}"]
+
+
+def split(state: dict, bundle: str, limit: int = 48) -> tuple[str, list[dict]]:
+    """`bundle` as the provider publishes one that a secret does not hold (join_envelope.py, with a small
+    limit): its parts as versions of secrets SECRET--1, --2, ...; returns the index and the parts."""
+    packed = join_envelope.pack(bundle, limit)
+    parts = []
+    for number, chunk in enumerate(packed.chunks, start=1):
+        part = {"name": f"{SECRET}--{number}", "version": secrets.token_hex(16)}
+        state["versions"][(part["name"], part["version"])] = (chunk, True)
+        parts.append(part)
+    return packed.index(parts), parts
+
+
+def test_fetch_puts_a_split_bundle_together_from_the_versions_its_envelope_names(azure, capsys):
+    bundle = json.dumps({"files": [{"path": "/etc/hosts", "content_b64": secrets.token_urlsafe(300)}]})
+    index, parts = split(azure["state"], bundle)
+    assert len(parts) > 3
+    azure["state"]["secrets"][SECRET] = index
+    write_source(azure)
+    assert run(azure, "fetch", "--boot") == 0
+    assert json.loads(azure["joined"].read_text())["stdin"] == bundle
+    assert azure["state"]["vault"] == [f"/secrets/{SECRET}"] + [f"/secrets/{p['name']}/{p['version']}" for p in parts]
+    assert "changed while it was read" not in capsys.readouterr().err
+
+
+def test_fetch_reads_the_envelope_again_when_a_newer_bundle_replaced_its_parts(azure, capsys):
+    """The controller writes the new parts, then the index, then disables the old parts: a node that read
+    the old index just before meets a disabled part, and reads the index again."""
+    state = azure["state"]
+    old_index, old_parts = split(state, json.dumps({"munge_key": "b2xk", "hosts": "10.0.0.4 head\n" * 9}))
+    new_bundle = json.dumps({"munge_key": "bmV3", "hosts": "10.0.0.4 head\n" * 9})
+    new_index, _ = split(state, new_bundle)
+    for part in old_parts[1:]:
+        state["versions"][(part["name"], part["version"])] = (
+            state["versions"][(part["name"], part["version"])][0],
+            False,
+        )
+    state["secrets"][SECRET] = old_index
+    state["published_next"] = [new_index]
+    write_source(azure)
+    assert run(azure, "fetch") == 0
+    assert json.loads(azure["joined"].read_text())["stdin"] == new_bundle
+    err = capsys.readouterr().err
+    assert "the join bundle changed while it was read" in err and "SecretDisabled" in err
+    assert azure["state"]["vault"].count(f"/secrets/{SECRET}") == 2
+
+
+def test_fetch_gives_up_on_a_bundle_whose_parts_stay_gone(azure, capsys, monkeypatch):
+    monkeypatch.setattr(azure["boot"], "BACKOFF_FIRST", 0.01)
+    index, parts = split(azure["state"], BUNDLE)
+    azure["state"]["versions"].pop((parts[0]["name"], parts[0]["version"]))
+    azure["state"]["secrets"][SECRET] = index
+    write_source(azure)
+    assert run(azure, "fetch") == 1
+    err = capsys.readouterr().err
+    assert f"the join bundle changed each time it was read ({azure['boot'].STALE_TRIES} times)" in err
+    assert "SecretNotFound" in err and not azure["joined"].exists()
+
+
+@pytest.mark.parametrize(
+    ("published", "says"),
+    [
+        (BUNDLE, "not in format 2 (an envelope): it was published by a clusterbake of another release"),
+        (ENVELOPE.replace('"sha256":"', '"sha256":"0'), "sha256 differs"),
+        (ENVELOPE.replace('"data":"', '"data":"A'), "does not decode (gzip+base64)"),
+        (ENVELOPE.replace("gzip+base64", "zstd+base64"), "encoding 'zstd+base64' is not gzip+base64"),
+    ],
+    ids=["plain-bundle", "digest", "data", "encoding"],
+)
+def test_fetch_refuses_what_is_not_a_whole_bundle(azure, capsys, published, says):
+    """A plain bundle is an older release's (the node image and the controller ship together); a digest
+    that differs, data that does not decode: nothing is handed to the join program."""
+    azure["state"]["secrets"][SECRET] = published
+    write_source(azure)
+    assert run(azure, "fetch") == 1
+    assert says in capsys.readouterr().err
+    assert not azure["joined"].exists()
 
 
 def test_fetch_waits_for_a_secret_not_published_yet(azure, capsys):

@@ -146,6 +146,10 @@ class CloudProvider(Provider):
     def _bundle_publisher(self) -> Publish:
         raise NotImplementedError
 
+    def _check_bundle(self, group: str, bundle: str) -> None:
+        """Raise a ClusterbakeError naming what to change when the cloud's secret store cannot hold the
+        group's bundle: every group is checked before any is published."""
+
     # --- shared ---
 
     def _group(self, name: str) -> NodeGroup | None:
@@ -241,17 +245,20 @@ class CloudProvider(Provider):
     def after_configure(self) -> list[str]:
         """Publish each node group's join bundle (where it changed); the running nodes of a group the
         cloud says should refresh fetch the new one now, the others at their next boot."""
+        bundles = {}
+        for group in self.config.node_groups:
+            path = self.cluster.join_bundles / f"{group.name}.json"
+            if path.exists():
+                bundles[group.name] = path.read_text()
+                self._check_bundle(group.name, bundles[group.name])
         publish = self._bundle_publisher()
         changes: list[str] = []
         refresh: list[str] = []
-        for group in self.config.node_groups:
-            path = self.cluster.join_bundles / f"{group.name}.json"
-            if not path.exists():
-                continue
-            published, fetch_now = publish(group.name, path.read_text())
+        for group, bundle in bundles.items():
+            published, fetch_now = publish(group, bundle)
             changes += published
             if fetch_now:
-                refresh.append(group.name)
+                refresh.append(group)
         if refresh:
             changes += self._fetch_new_bundles(refresh)
         return changes

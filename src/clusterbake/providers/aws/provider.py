@@ -419,6 +419,9 @@ class AwsProvider(CloudProvider):
             }
         )
 
+    def _check_bundle(self, group: str, bundle: str) -> None:
+        join_secrets.check_size(group, bundle)
+
     @aws_errors
     def _bundle_publisher(self) -> Publish:
         """A group's bundle as its Secrets Manager secret; a replaced one is fetched at once by the

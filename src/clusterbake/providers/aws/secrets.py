@@ -27,6 +27,7 @@ from botocore.exceptions import ClientError
 
 from clusterbake.errors import ClusterbakeError
 from clusterbake.progress import say
+from clusterbake.providers import join_envelope
 from clusterbake.providers.aws import tags
 from clusterbake.providers.aws.api import call, error_code, paginate
 
@@ -141,6 +142,12 @@ def version_token(value: str, replaces: str | None) -> str:
     return digest.hexdigest()  # 64 characters: Secrets Manager takes 32 to 64
 
 
+def check_size(nodegroup: str, value: str) -> None:
+    size = len(value.encode())
+    if size > MAX_VALUE_BYTES:
+        raise join_envelope.too_large(nodegroup, f"{size} bytes", f"a Secrets Manager secret ({MAX_VALUE_BYTES} bytes)")
+
+
 def publish(sm, cluster: str, nodegroup: str, value: str) -> bool:
     """Make `value` the AWSCURRENT value of the node group's secret, and the version it
     replaces unlabelled (not AWSPREVIOUS); True when it changed.
@@ -149,9 +156,7 @@ def publish(sm, cluster: str, nodegroup: str, value: str) -> bool:
     no new version, False.
     """
     name = secret_name(cluster, nodegroup)
-    size = len(value.encode())
-    if size > MAX_VALUE_BYTES:
-        raise ClusterbakeError(f"join bundle of node group {nodegroup}: {size} bytes, Secrets Manager takes 65536")
+    check_size(nodegroup, value)
     version, current = _current(sm, name)
     if current == value:
         return False

@@ -30,6 +30,7 @@ from clusterbake.providers.azure import (
     checks,
     discover,
     image_facts,
+    join_secrets,
     power,
     power_settings,
     prices,
@@ -51,17 +52,6 @@ from clusterbake.providers.base import BillingCheck, CostEstimate
 from clusterbake.providers.cloud import CloudProvider, Machine, Publish
 from clusterbake.providers.userdata import user_data
 from clusterbake.state import StateDir
-
-
-def disable_replaced_versions(client, name: str, keep: str) -> int:
-    """Disable every enabled version of secret `name` but `keep` (the current one): Key Vault keeps
-    each version readable until then, and an old join bundle holds an old munge key. Returns how many."""
-    disabled = 0
-    for version in client.list_properties_of_secret_versions(name):
-        if version.version != keep and version.enabled:
-            client.update_secret_properties(name, version.version, enabled=False)
-            disabled += 1
-    return disabled
 
 
 class AzureProvider(CloudProvider):
@@ -399,10 +389,8 @@ class AzureProvider(CloudProvider):
             found = get_or_none(api.get, self.azure.resource_group, name)
         if found is not None:
             self._owned(found.tags, f"key vault {name}")
-            have = {(p.object_id, tuple(sorted(p.permissions.secrets or []))) for p in found.properties.access_policies}
-            want = {(p["objectId"], tuple(sorted(p["permissions"]["secrets"]))) for p in policies}
-            if want <= have:
-                return found.properties.vault_uri
+            self._add_access_policies(found, policies)
+            return found.properties.vault_uri
         vault = api.begin_create_or_update(
             self.azure.resource_group,
             name,
@@ -417,8 +405,23 @@ class AzureProvider(CloudProvider):
                 },
             },
         ).result()
-        say(f"    key vault {name} {'updated' if found else 'created'} ({vault.properties.vault_uri})")
+        say(f"    key vault {name} created ({vault.properties.vault_uri})")
         return vault.properties.vault_uri
+
+    def _add_access_policies(self, vault, policies: list[dict]) -> None:
+        """Add what `policies` grant and the vault's policies lack, with the "add" operation (it merges
+        permissions into an entry of the same object): a PUT of the vault would replace every policy, and
+        drop those another operator of the cluster added."""
+        have: dict[str, set[str]] = {}
+        for policy in vault.properties.access_policies or []:
+            have.setdefault(policy.object_id, set()).update(p.lower() for p in policy.permissions.secrets or [])
+        missing = [p for p in policies if not set(p["permissions"]["secrets"]) <= have.get(p["objectId"], set())]
+        if not missing:
+            return
+        self.clients.keyvault.vaults.update_access_policy(
+            self.azure.resource_group, vault.name, "add", {"properties": {"accessPolicies": missing}}
+        )
+        say(f"    key vault {vault.name}: access policies added for {len(missing)} principal(s)")
 
     def _ensure_group_placement(self, group: NodeGroup) -> dict:
         """The group's proximity placement group and (InfiniBand) availability set ids."""
@@ -603,30 +606,21 @@ class AzureProvider(CloudProvider):
             }
         )
 
+    def _check_bundle(self, group: str, bundle: str) -> None:
+        join_secrets.pack(group, bundle)
+
     @azure_errors
     def _bundle_publisher(self) -> Publish:
-        """A group's bundle as the vault's `join-<group>` secret (when it changed). Running VMs take it
-        at their next boot (no refresh on a live node yet)."""
+        """A group's bundle in the vault (join_secrets.py), when it changed. Running VMs take it at their
+        next boot (no refresh on a live node yet)."""
         vault = get_or_none(self.clients.keyvault.vaults.get, self.azure.resource_group, self.vault_name)
         if vault is None:
             raise ClusterbakeError(f"key vault {self.vault_name} is missing; run `clusterbake cluster up`")
         client = self.clients.secrets(vault.properties.vault_uri)
+        secret_tags = tags.cluster_tags(self.config.cluster_name)
 
-        def publish(group: str, value: str) -> tuple[list[str], bool]:
-            changes = []
-            name = resources.secret_name(group)
-            current = get_or_none(client.get_secret, name)
-            if current is None or current.value != value:
-                current = client.set_secret(
-                    name, value, content_type="application/json", tags=tags.cluster_tags(self.config.cluster_name)
-                )
-                say(f"    join bundle of {group} published ({vault.properties.vault_uri}secrets/{name})")
-                changes.append(f"{group}: join bundle published (running VMs take it at their next boot)")
-            # Also when nothing changed: a run stopped between the two calls left one enabled.
-            disabled = disable_replaced_versions(client, name, current.properties.version)
-            if disabled:
-                changes.append(f"{group}: {disabled} replaced join bundle version(s) disabled")
-            return changes, False
+        def publish(group: str, bundle: str) -> tuple[list[str], bool]:
+            return join_secrets.publish(client, group, bundle, secret_tags, vault.properties.vault_uri), False
 
         return publish
 

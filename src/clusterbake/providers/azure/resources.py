@@ -11,7 +11,8 @@ identity may write there and nowhere else, security review finding 2) and azure.
 - user-assigned managed identity `clusterbake-<cluster>-nodes` (the nodes read their join
   bundle with it, and their blob containers), and with elastic groups `clusterbake-<cluster>-head`
   (the head's power program creates and deletes VMs with it: power.py);
-- Key Vault (vault_name(): names are global) with a secret `join-<group>` per node group;
+- Key Vault (vault_name(): names are global) with a secret `join-<group>` per node group
+  (and its parts `join-<group>--<n>` where the bundle is too big for one: join_secrets.py);
   access policies: the caller (set, get, list, delete), the nodes' identity (get);
 - per node group a proximity placement group and, for InfiniBand groups, an availability set
   `clusterbake-<cluster>-<group>` in it (the VMs of one availability set share an InfiniBand

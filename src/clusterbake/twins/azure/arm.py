@@ -27,11 +27,13 @@ behind the CONNECT proxy in services.py:
   `*.vault.azure.net:443` and terminates TLS with the twin's certificate. Key Vault's
   challenge (401 with `WWW-Authenticate: Bearer authorization=..., resource=...`), then
   access policies decide; secrets are versioned (a version can be listed, disabled with
-  UpdateSecret, and a disabled one is refused with 403 SecretDisabled), delete is soft.
+  UpdateSecret, and a disabled one is refused with 403 SecretDisabled), delete is soft; a
+  value over 25 KB is refused (400 BadParameter, SecretTooLarge) while that strict switch is on.
 - **Test switches** (`/_twin/...`, no token needed): `PUT /_twin/capacity`
   `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
-  `{"<location>": {"<usage name>": limit}}`, `GET /_twin/state` (everything, for tests),
-  `GET /_twin/vms/<name>/custom-data` (what a VM was given).
+  `{"<location>": {"<usage name>": limit}}`, `PUT /_twin/strict` `{"<switch>": false}` (each
+  strictness of state.STRICT, on by default; `GET` shows them), `GET /_twin/state` (everything,
+  for tests), `GET /_twin/vms/<name>/custom-data` (what a VM was given).
 """
 
 from __future__ import annotations
@@ -302,6 +304,10 @@ class ArmHandler(Handler):
         if path == "/_twin/quota" and self.command == "PUT":
             state.quota = {k.lower(): dict(v) for k, v in (body or {}).items()}
             raise Reply(200, state.quota)
+        if path == "/_twin/strict" and self.command == "PUT":
+            state.set_strict(body or {})
+        if path == "/_twin/strict" and self.command in ("GET", "PUT"):
+            raise Reply(200, state.strict)
         if path == "/_twin/state" and self.command == "GET":
             raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid})
         match = re.fullmatch(r"/_twin/vms/([^/]+)/custom-data", path)
@@ -451,6 +457,8 @@ class ArmHandler(Handler):
             state.get(parent)  # 404 for the parent
             raise ArmError(404, "InvalidResourceType", f"'{last}' is not known to this twin.")
         rid = ResourceId(subscription, group, namespace, tail[0::2], tail[1::2])
+        if rid.type_key == "microsoft.keyvault/vaults/accesspolicies" and self.command == "PUT":
+            raise Reply(200, state.update_access_policy(rid, rid.name, body))
         if self.command == "GET":
             resource = state.get(rid)
             if rid.type_key == "microsoft.compute/virtualmachines" and query.get("$expand") == "instanceView":

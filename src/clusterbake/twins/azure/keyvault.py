@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 
-from clusterbake.twins.azure.resource import VAULT_NAME, ArmError, Operation, _now
+from clusterbake.twins.azure.resource import VAULT_NAME, ArmError, Operation, ResourceId, _now, not_found
 
 
 class KeyVaultMixin:
@@ -51,15 +51,7 @@ class KeyVaultMixin:
         sku = props.get("sku") or {}
         if sku.get("family") != "A" or sku.get("name") not in ("standard", "premium"):
             raise ArmError(400, "BadRequest", "The vault sku must be family A, name standard or premium.", "sku")
-        policies = []
-        for index, policy in enumerate(props.get("accessPolicies") or []):
-            if not policy.get("objectId") or policy.get("tenantId") != self.tenant:
-                raise ArmError(
-                    400,
-                    "BadRequest",
-                    f"Access policy {index}: objectId and the vault's tenantId are required.",
-                )
-            policies.append(policy)
+        policies = self._access_policies(props)
         resource["properties"] = {
             "tenantId": self.tenant,
             "sku": {"family": "A", "name": sku["name"]},
@@ -74,6 +66,55 @@ class KeyVaultMixin:
         if not resource["properties"]["enablePurgeProtection"]:
             resource["properties"].pop("enablePurgeProtection")
         return resource
+
+    def _access_policies(self, props: dict) -> list[dict]:
+        policies = props.get("accessPolicies") or []
+        for index, policy in enumerate(policies):
+            if not policy.get("objectId") or policy.get("tenantId") != self.tenant:
+                raise ArmError(
+                    400,
+                    "BadRequest",
+                    f"Access policy {index}: objectId and the vault's tenantId are required.",
+                )
+        return list(policies)
+
+    def update_access_policy(self, rid: ResourceId, kind: str, body) -> dict:
+        """Vaults - Update Access Policy (`PUT .../vaults/{name}/accessPolicies/{operationKind}`): "add" merges
+        each entry's permissions into the vault's entry of the same tenant, object and application, or adds the
+        entry; the other policies stay. The answer is the request's policies, as ARM's example shows."""
+        vault = self.resources.get(rid.parent().key)
+        if vault is None:
+            raise not_found(str(rid.parent()), "Microsoft.KeyVault/vaults")
+        if kind.lower() != "add":
+            raise ArmError(
+                400,
+                "InvalidParameter",
+                f"operationKind '{kind}' is not emulated by this twin (add only).",
+                "operationKind",
+            )
+        if not isinstance(body, dict):
+            raise ArmError(
+                400, "InvalidRequestContent", "The request content was invalid and could not be deserialized."
+            )
+        added = self._access_policies(body.get("properties") or {})
+        if not added:
+            raise ArmError(400, "BadRequest", "At least one access policy is required.")
+        held = vault["properties"]["accessPolicies"]
+        for policy in copy.deepcopy(added):
+            same = (policy["tenantId"], policy["objectId"], policy.get("applicationId"))
+            entry = next((p for p in held if (p["tenantId"], p["objectId"], p.get("applicationId")) == same), None)
+            if entry is None:
+                held.append(policy)
+                continue
+            for kind_of, granted in (policy.get("permissions") or {}).items():
+                have = entry.setdefault("permissions", {}).setdefault(kind_of, [])
+                have += [g for g in granted if g.lower() not in {h.lower() for h in have}]
+        vault["systemData"] = self._system_data(vault)
+        return {
+            "id": f"{vault['id']}/accessPolicies/",
+            "type": "Microsoft.KeyVault/vaults/accessPolicies",
+            "properties": {"accessPolicies": added},
+        }
 
     def _soft_delete_vault(self, vault: dict) -> None:
         name = vault["name"].lower()

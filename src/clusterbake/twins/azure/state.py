@@ -80,6 +80,10 @@ MEMBERS_KEY = {
     "Microsoft.Compute/virtualMachineScaleSets": "virtualMachineScaleSet",
     "Microsoft.Compute/availabilitySets": "availabilitySet",
 }
+# Where the twin is as strict as Azure, each a switch (on unless a test turns it off: PUT /_twin/strict).
+STRICT = {
+    "keyvault_secret_size": True,  # a secret's value over 25 KB: 400 BadParameter (SecretTooLarge)
+}
 
 
 class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultMixin, AmlfsMixin, RbacMixin):
@@ -101,12 +105,22 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
         self.operations: dict[str, Operation] = {}
         self.capacity: dict[str, dict] = {}  # size (lower) -> {"limit": n, "code": ...}
         self.quota: dict[str, dict[str, int]] = {}  # location -> usage name -> limit
+        self.strict: dict[str, bool] = dict(STRICT)
         self.role_definitions: dict[str, dict] = {}  # custom roles by GUID (lower case)
         self.role_assignments: dict[str, dict] = {}  # assignment id (lower case) -> assignment
         # Who sends the request being handled (arm.py sets it): (client id, createdByType) for systemData.
         self.actor: tuple[str, str] = ("clusterbake-twin", "Application")
         # The api-version of the request being served (a VM's defaults depend on it: compute.security_profile).
         self.api_version = ""
+
+    def set_strict(self, switches: dict) -> None:
+        if (
+            not isinstance(switches, dict)
+            or set(switches) - set(STRICT)
+            or not all(isinstance(v, bool) for v in switches.values())
+        ):
+            raise ArmError(400, "InvalidParameter", f"strict switches are {sorted(STRICT)}, each true or false")
+        self.strict.update(switches)
 
     # --- persistence ------------------------------------------------------------------
 
@@ -123,6 +137,7 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
                     "secrets": self.secrets,
                     "capacity": self.capacity,
                     "quota": self.quota,
+                    "strict": self.strict,
                     "role_definitions": self.role_definitions,
                     "role_assignments": self.role_assignments,
                 }
@@ -135,6 +150,7 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
             self.secrets = data.get("secrets", {})
             self.capacity = data.get("capacity", {})
             self.quota = data.get("quota", {})
+            self.strict = dict(STRICT) | data.get("strict", {})
             self.role_definitions = data.get("role_definitions", {})
             self.role_assignments = data.get("role_assignments", {})
             # Operations are not kept across a restart: what was in flight finishes now.
