@@ -43,6 +43,7 @@ from clusterbake.twins.azure.keyvault import KeyVaultMixin
 from clusterbake.twins.azure.lustre import AmlfsMixin
 from clusterbake.twins.azure.network import NetworkMixin
 from clusterbake.twins.azure.rbac import RbacMixin
+from clusterbake.twins.azure.replication import Replication
 from clusterbake.twins.azure.resource import (  # noqa: F401
     CANONICAL_TYPES,
     CONTAINER_NAME,
@@ -78,6 +79,8 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
         subscription: str = DEFAULT_SUBSCRIPTION,
         tenant: str = DEFAULT_TENANT,
         operation_seconds: float = 0.2,
+        rbac_spread: float | None = None,
+        identity_spread: float | None = None,
     ):
         self.lock = threading.RLock()
         self.subscription = subscription
@@ -93,6 +96,8 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
         self.quota: dict[str, dict[str, int]] = {}  # location -> usage name -> limit
         self.role_definitions: dict[str, dict] = {}  # custom roles by GUID (lower case)
         self.role_assignments: dict[str, dict] = {}  # assignment id (lower case) -> assignment
+        # When RBAC writes and new identities take effect (None: the environment's setting, else 3 s).
+        self.replication = Replication(rbac=rbac_spread, identity=identity_spread)
         # Who sends the request being handled (arm.py sets it): (client id, createdByType) for systemData.
         self.actor: tuple[str, str] = ("clusterbake-twin", "Application")
 
@@ -113,6 +118,7 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
                     "quota": self.quota,
                     "role_definitions": self.role_definitions,
                     "role_assignments": self.role_assignments,
+                    "replication": self.replication.written,
                 }
             )
 
@@ -125,6 +131,7 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
             self.quota = data.get("quota", {})
             self.role_definitions = data.get("role_definitions", {})
             self.role_assignments = data.get("role_assignments", {})
+            self.replication.restore(data.get("replication"))
             # Operations are not kept across a restart: what was in flight finishes now.
             for key, resource in list(self.resources.items()):
                 state = resource.get("properties", {}).get("provisioningState")
