@@ -103,7 +103,8 @@ def action_matches(pattern: str, action: str) -> bool:
 def role_missing(definition_id: str, status: int = 400) -> ArmError:
     """ARM's answer for a role definition it does not know (yet): 404 to a GET, 400 to an assignment."""
     guid = definition_id.rstrip("/").rsplit("/", 1)[-1]
-    return ArmError(status, "RoleDefinitionDoesNotExist", f"The specified role definition with ID '{guid}' does not exist.")
+    words = f"The specified role definition with ID '{guid}' does not exist."
+    return ArmError(status, "RoleDefinitionDoesNotExist", words)
 
 
 class RbacMixin:

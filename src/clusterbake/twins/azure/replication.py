@@ -36,7 +36,9 @@ def configured_spread(kind: str) -> float:
 class Replication:
     """When what was written (role definitions, assignments, identities) takes effect."""
 
-    def __init__(self, rbac: float | None = None, identity: float | None = None, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, rbac: float | None = None, identity: float | None = None, clock: Callable[[], float] = time.time
+    ):
         self.spread = {
             "rbac": configured_spread("rbac") if rbac is None else rbac,
             "identity": configured_spread("identity") if identity is None else identity,
