@@ -145,7 +145,8 @@ class AzureBackend(CloudBackend):
 
     def call(self, method: str, url: str, body: dict | None = None) -> tuple[int, dict, dict]:
         """(status, headers, JSON body) of one ARM call; throttling and transient 5xx retried as
-        Retry-After says; any other error raised as AzureError."""
+        Retry-After says, a denial (a grant not replicated yet) for AUTHORIZATION_WAIT; any other error
+        raised as AzureError."""
         data = json.dumps(body).encode() if body is not None else None
         throttled = 0
         denied = Waiting(self, AUTHORIZATION_WAIT, f"{method} {url.split('?')[0]}")
