@@ -98,6 +98,19 @@ class Twin:
         status, body, _ = self.request("PUT", "/_twin/quota", quota or {})
         assert status == 200, body
 
+    @contextmanager
+    def spread(self, **seconds: float) -> Iterator[None]:
+        """Within: RBAC writes (`rbac=`) and new identities (`identity=`) take effect only after these many
+        seconds (the twin's replication switch, on by default; these tests' twins start with it at 0)."""
+        status, before, _ = self.request("GET", "/_twin/spread")
+        assert status == 200, before
+        status, body, _ = self.request("PUT", "/_twin/spread", seconds)
+        assert status == 200, body
+        try:
+            yield
+        finally:
+            self.request("PUT", "/_twin/spread", before)
+
     def resources_of(self, cluster: str) -> list[dict]:
         """Every resource of the twin tagged clusterbake-cluster=<cluster> (and untagged disks of its VMs)."""
         found = []
@@ -164,6 +177,8 @@ PAGE_SIZE = 3  # small pages: every listing of the tests goes through nextLink
 
 @contextmanager
 def arm_twin(root: Path, page_size: int = PAGE_SIZE) -> Iterator[Twin]:
+    """The ARM twin as a subprocess. Its replication spreads start at 0 (RBAC writes and new identities
+    effective at once): most tests are about something else, and `Twin.spread` turns them on."""
     directory = root / "twin"
     log_path = root / "twin.log"
     (directory / "endpoints.json").unlink(missing_ok=True)  # a restart on the same state: wait for the new one
@@ -192,6 +207,8 @@ def arm_twin(root: Path, page_size: int = PAGE_SIZE) -> Iterator[Twin]:
                 **base_env,
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), base_env.get("PYTHONPATH")])),
                 "ARM_TWIN_CONSOLE_DIR": str(console_dir),
+                "ARM_TWIN_RBAC_SPREAD": "0",
+                "ARM_TWIN_IDENTITY_SPREAD": "0",
             },
         )
         try:

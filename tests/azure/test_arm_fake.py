@@ -379,3 +379,74 @@ def test_action_wildcards_match_as_azure_roles_use_them(pattern, action, granted
     from clusterbake.twins.azure.rbac import action_matches
 
     assert action_matches(pattern, action) is granted
+
+
+def test_rbac_writes_and_new_identities_take_effect_only_after_they_replicated():
+    """Realcloud review D7, D9 (twins/azure/replication.py), on the twin's state in-process with its clock in
+    the test's hand: what ARM answers while a role, an assignment or an identity has not replicated yet."""
+    from clusterbake.twins.azure.resource import ArmError, ResourceId
+    from clusterbake.twins.azure.state import ArmState
+
+    now = [1000.0]
+    state = ArmState(rbac_spread=5, identity_spread=10)
+    state.replication.clock = lambda: now[0]
+    state.put_group("g", {"location": LOCATION})
+    scope = f"/subscriptions/{state.subscription}/resourceGroups/g"
+    rid = ResourceId(state.subscription, "g", "Microsoft.ManagedIdentity", ["userAssignedIdentities"], ["made"])
+    principal = state.put(rid, {"location": LOCATION})[1]["properties"]["principalId"]
+    guid = "11111111-2222-4333-8444-555555555555"
+    read, write = "Microsoft.Compute/virtualMachines/read", "Microsoft.Compute/virtualMachines/write"
+
+    def role(*actions: str) -> dict:
+        permissions = [{"actions": list(actions)}]
+        return {"properties": {"roleName": "r", "assignableScopes": [scope], "permissions": permissions}}
+
+    def assign(name: str, at: str = scope, **extra) -> tuple[int, dict]:
+        definition = f"/subscriptions/{state.subscription}/providers/Microsoft.Authorization/roleDefinitions/{guid}"
+        return state.put_role_assignment(
+            at, name, {"properties": {"roleDefinitionId": definition, "principalId": principal, **extra}}
+        )
+
+    def refused(call, *args, **kwargs) -> tuple[int, str]:
+        with pytest.raises(ArmError) as error:
+            call(*args, **kwargs)
+        return error.value.status, error.value.code
+
+    first, second = "00000000-0000-4000-8000-0000000000a1", "00000000-0000-4000-8000-0000000000a2"
+    state.put_role_definition(guid, role(read))
+    assert state.role_definition(guid) is not None  # reads answer at once
+    assert refused(assign, first, principalType="ServicePrincipal") == (400, "RoleDefinitionDoesNotExist")
+    now[0] += 5  # the role replicated; the identity not yet (Entra ID: 10 s here)
+    assert refused(assign, first) == (400, "PrincipalNotFound")  # Microsoft's fix: name the principalType
+    assert assign(first, principalType="ServicePrincipal")[0] == 201
+    assert not state.allowed(principal, read, scope)  # ARM does not honour the new assignment yet
+    now[0] += 5
+    assert state.allowed(principal, read, scope)
+    assert assign(second, str(rid))[0] == 201  # the identity replicated: no principalType needed
+    state.put_role_definition(guid, role(read, write))
+    assert state.allowed(principal, read, scope) and not state.allowed(principal, write, scope)  # as before
+    now[0] += 5
+    assert state.allowed(principal, write, scope)
+    for name, at in ((first, scope), (second, str(rid))):
+        assert state.delete_role_assignment(at, name) is not None
+    assert not state.allowed(principal, read, scope)  # a revocation is not held back (kinder than Azure)
+    assert refused(state.delete_role_definition, guid) == (409, "RoleDefinitionHasAssignments")
+    now[0] += 5
+    assert state.delete_role_definition(guid) is not None
+    assert refused(assign, first, principalType="ServicePrincipal") == (400, "RoleDefinitionDoesNotExist")
+
+
+def test_a_new_identity_gets_no_token_until_it_replicated(twin, token, group):
+    """The App Service identity endpoint (the twin's IDENTITY_ENDPOINT), as App Service answers an identity it
+    cannot load, while the identity spread is on (realcloud review D9)."""
+    url = f"{_rg(twin, group)}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/fresh?api-version=2023-01-31"
+    with twin.spread(identity=1):
+        status, identity, _ = twin.request("PUT", url, {"location": LOCATION}, token)
+        assert status == 201, identity
+        ask = f"/msi/token?api-version=2019-08-01&resource=https://vault.azure.net&client_id={identity['properties']['clientId']}"
+        status, body, _ = twin.request("GET", ask, headers={"X-IDENTITY-HEADER": twin.env["IDENTITY_HEADER"]})
+        assert (status, body["message"]) == (400, "Unable to load the proper Managed Identity.")
+        time.sleep(1)
+        status, body, _ = twin.request("GET", ask, headers={"X-IDENTITY-HEADER": twin.env["IDENTITY_HEADER"]})
+        assert status == 200 and body["client_id"] == identity["properties"]["clientId"]
+    assert twin.request("DELETE", url, token=token)[0] in (200, 204)

@@ -169,9 +169,16 @@ def test_a_grant_of_the_old_layout_at_the_clusters_group_is_removed(elastic):
 # --- the head's power program against the twin's ARM, with the head's identity -------------------------
 
 
-def _program_backend(elastic, tmp_path, monkeypatch, client_id: str | None = None):
+def _program_backend(
+    elastic, tmp_path, monkeypatch, client_id: str | None = None, authorization_wait: float | None = 0
+):
+    """The head's power program as `client_id` (default the head's identity). `authorization_wait`: how long
+    it takes a denial for a grant Azure has not replicated yet (default 0: this module's twin makes grants
+    effective at once, so a denial is final; None: the program's own)."""
     twin = elastic["twin"]
     module = programs.power_program(monkeypatch, tmp_path / "state.json")
+    if authorization_wait is not None:
+        monkeypatch.setattr(module.azure, "AUTHORIZATION_WAIT", authorization_wait)
     settings = inventory(twin, elastic["state_dir"], elastic["path"])["all"]["vars"]["slurm_power_azure"]
     context = ssl.create_default_context(cafile=twin.endpoints["ca_file"])
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
@@ -305,6 +312,27 @@ def test_a_grant_missing_on_the_subnet_is_a_linked_authorization_failure(elastic
     assert any("/subnets/" in a["properties"]["scope"] for a in _assignments(twin, head))  # cluster up put it back
 
 
+def test_a_resume_waits_until_arm_honours_the_heads_new_grant(elastic, tmp_path, monkeypatch):
+    """Realcloud review B7: ARM honours a role assignment only once Azure has replicated it, so the first
+    resumes after `cluster up` made the head's grants are answered AuthorizationFailed for a while. The
+    program tries again (for minutes) instead of failing the node."""
+    twin = elastic["twin"]
+    _, backend = _program_backend(elastic, tmp_path, monkeypatch, authorization_wait=None)
+    head = _identity(twin, "head")["properties"]["principalId"]
+    nodes_group = f"/subscriptions/{twin.subscription}/resourceGroups/{CLUSTER}-rg-{CLUSTER}-nodes".lower()
+    (grant,) = [a for a in _assignments(twin, head) if a["properties"]["scope"].lower() == nodes_group]
+    url = f"{grant['id']}?api-version=2022-04-01"
+    with twin.spread(rbac=1):  # the grant made again, as a first `cluster up` makes it: effective 1 s later
+        assert twin.request("DELETE", url, token=twin.token())[0] == 200
+        status, body, _ = twin.request("PUT", url, {"properties": grant["properties"]}, token=twin.token())
+        assert status == 201, body
+        assert backend.power("start", ["cpu-2"]) == {"cpu-2": "ok"}
+    assert _vm(twin, "cpu-2")["properties"]["hardwareProfile"]["vmSize"] == SIZES[0]
+    log = (tmp_path / "power.log").read_text()
+    assert "AuthorizationFailed (not replicated yet?): waiting" in log, log
+    assert backend.power("stop", ["cpu-2"]) == {"cpu-2": "ok"}
+
+
 def _addresses(elastic, config: dict) -> dict[str, str]:
     result = run_cb(elastic["twin"], elastic["state_dir"], config, "cluster", "status", "--json")
     return {n["name"]: n["address"] for n in json.loads(result.stdout)["nodes"]}
@@ -321,17 +349,48 @@ def test_growing_max_count_keeps_every_address(elastic):
 
 
 def test_down_removes_the_heads_identity_role_and_grants(twin, tmp_path):
-    """On the shared twin: a cluster of its own, up and down."""
+    """On the shared twin: a cluster of its own, up and down, while Azure's RBAC replicates as it does
+    (realcloud review B7): the new custom role cannot be assigned at once (RoleDefinitionDoesNotExist),
+    and it cannot be deleted at once after its assignments went (RoleDefinitionHasAssignments)."""
     config = _config(twin)
     config["cluster_name"] = "azeldown"
     config["azure"]["resource_group"] = "azeldown-rg"
-    run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
-    down = run_cb(twin, tmp_path, config, "cluster", "down")
+    with twin.spread(rbac=1):
+        up = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
+        down = run_cb(twin, tmp_path, config, "cluster", "down")
+    assert "RoleDefinitionDoesNotExist: Azure has not replicated it yet, waiting" in up.stderr, up.stderr
+    assert "RoleDefinitionHasAssignments: Azure has not replicated it yet, waiting" in down.stderr, down.stderr
     assert "role definition clusterbake-power-azeldown-" in down.stdout + down.stderr
     assert twin.resources_of("azeldown") == []
     state = twin.state()
     assert not [r for r in state["role_definitions"].values() if "azeldown" in r["properties"]["roleName"]]
     assert not [a for a in state["role_assignments"].values() if "azeldown-rg" in a["properties"]["scope"].lower()]
+
+
+def test_a_role_azure_does_not_make_known_in_time_is_a_clear_error(twin, monkeypatch):
+    """rbac.while_replicating gives up after REPLICATION_WAIT (5 minutes; 2 s here) with Azure's words and what to
+    do, through the SDK against the twin while its RBAC replication is slower than that."""
+    from azure.identity import DefaultAzureCredential
+    from azure.mgmt.authorization import AuthorizationManagementClient
+
+    from clusterbake.errors import ClusterbakeError
+    from clusterbake.providers.azure import rbac
+
+    monkeypatch.setattr(rbac, "REPLICATION_WAIT", 2.0)
+    subscription = f"/subscriptions/{twin.subscription}"
+    guid, principal = "6d1d4e0a-3c55-4b8e-9d2f-0a1b2c3d4e5f", "7e2e5f1b-4d66-4c9f-8e30-1b2c3d4e5f60"
+    with twin.sdk_env(), twin.spread(rbac=60):
+        client = AuthorizationManagementClient(DefaultAzureCredential(), twin.subscription, base_url=twin.url)
+        client.role_definitions.create_or_update(subscription, guid, {"properties": {
+            "roleName": "clusterbake-test-slow", "assignableScopes": [subscription],
+            "permissions": [{"actions": ["Microsoft.Compute/virtualMachines/read"]}]}})  # fmt: skip
+        try:
+            with pytest.raises(ClusterbakeError) as failed:
+                rbac.ensure(client, twin.subscription, f"{subscription}/resourceGroups/{NET_GROUP}", principal, guid)
+        finally:
+            client.role_definitions.delete(subscription, guid)
+    assert f"The specified role definition with ID '{guid}' does not exist. (for " in str(failed.value)
+    assert str(failed.value).endswith("run `clusterbake cluster up` again later")
 
 
 @pytest.mark.parametrize(

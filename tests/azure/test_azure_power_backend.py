@@ -304,7 +304,17 @@ def test_suspend_deletes_the_vms_and_running_lists_every_page(program, tmp_path)
     assert backend.running() == {"cpu-2", "head"}
 
 
-def test_an_arm_error_is_the_nodes_reason_not_a_traceback(program, tmp_path):
-    arm = Arm([("GET", LIST_URL, 403, {"error": {"code": "AuthorizationFailed", "message": "no grant"}})])
+def test_a_denial_is_tried_again_for_minutes_then_is_the_nodes_reason_not_a_traceback(program, tmp_path):
+    """A grant `cluster up` made a moment ago that ARM does not honour yet (realcloud review B7) is waited for
+    AUTHORIZATION_WAIT seconds, with growing pauses; a denial that lasts is the error."""
+    denied = ("GET", LIST_URL, 403, {"error": {"code": "AuthorizationFailed", "message": "no grant"}})
+    arm = Arm([denied] * 40)
+    backend = _backend(program, tmp_path, arm)
+    clock = {"now": 1000.0}
+    backend.clock, backend.sleep = lambda: clock["now"], lambda seconds: clock.update(now=clock["now"] + seconds)
     with pytest.raises(program.core.PowerError, match="ARM: AuthorizationFailed: no grant"):
-        _backend(program, tmp_path, arm).power("start", ["cpu-2"])
+        backend.power("start", ["cpu-2"])
+    assert program.azure.AUTHORIZATION_WAIT - 15 < clock["now"] - 1000 <= program.azure.AUTHORIZATION_WAIT
+    assert 10 < len(arm.arm()) < 30  # pauses of 1, 2, 4, 8, then 15 s
+    log = (tmp_path / "power.log").read_text()
+    assert f"GET {LIST_URL.split('?')[0]}: AuthorizationFailed (not replicated yet?): waiting (0s of 300s)" in log

@@ -38,6 +38,17 @@ AZURE_POLL = 1.0
 # Calls ARM throttles (or fails on its side) are tried this often, as Retry-After says.
 ATTEMPTS = 6
 AZURE_OPERATION_TIMEOUT = 900.0
+# ARM honours a new role assignment (and a custom role's new actions) only once Azure has replicated it:
+# "up to 10 minutes" ("Troubleshoot Azure RBAC"). `cluster up` makes the head's grants just before the
+# first resumes, so a denial is tried again for this long before the node fails (realcloud review B7).
+AUTHORIZATION_WAIT = 300.0
+AUTHORIZATION_ERRORS = frozenset({"AuthorizationFailed", "LinkedAuthorizationFailed"})
+# IMDS answers 400 "Identity not found" for a user-assigned identity that has not reached the VM yet (a
+# new one: realcloud review D9), 404 while it updates, 410/429/5xx when busy: tried again for this long.
+IDENTITY_WAIT = 120.0
+IMDS_RETRY = frozenset({404, 410, 429, 500, 502, 503, 504})
+WAIT_MOST = 15.0  # the longest pause between two tries of a denied call or a token
+SAY_EVERY = 30.0
 
 
 class AzureError(Exception):
@@ -66,6 +77,30 @@ def urllib_http(method: str, url: str, body: bytes | None, headers: dict, timeou
         return exc.code, dict(exc.headers), exc.read()
 
 
+class Waiting:
+    """Tries of one call that Azure answers "not yet": again() pauses (1, 2, 4 ... WAIT_MOST seconds) and
+    says True until `limit` seconds have passed since the first, logging the wait now and then."""
+
+    def __init__(self, backend: AzureBackend, limit: float, what: str):
+        self.backend, self.limit, self.what = backend, limit, what
+        self.started: float | None = None
+        self.said: float | None = None
+        self.delay = 1.0
+
+    def again(self, problem: str) -> bool:
+        now = self.backend.clock()
+        self.started = now if self.started is None else self.started
+        waited = now - self.started
+        if waited + self.delay > self.limit:
+            return False
+        if self.said is None or waited - self.said >= SAY_EVERY:
+            log(self.backend.config, f"{self.what}: {problem}: waiting ({waited:.0f}s of {self.limit:.0f}s)")
+            self.said = waited
+        self.backend.sleep(self.delay)
+        self.delay = min(self.delay * 2, WAIT_MOST)
+        return True
+
+
 def _header(headers: dict, name: str) -> str | None:
     return next((v for k, v in headers.items() if k.lower() == name.lower()), None)
 
@@ -88,35 +123,48 @@ class AzureBackend(CloudBackend):
     # --- ARM ------------------------------------------------------------------------
 
     def token(self) -> str:
-        """The head identity's ARM token from IMDS, kept until 5 minutes before it expires."""
+        """The head identity's ARM token from IMDS, kept until 5 minutes before it expires; an identity
+        IMDS does not know yet (or an IMDS that is updating) is waited for IDENTITY_WAIT seconds."""
         if self._token and self._token[1] - 300 > self.clock():
             return self._token[0]
         query = urllib.parse.urlencode(
             {"api-version": "2018-02-01", "resource": ARM_RESOURCE, "client_id": self.azure["identity_client_id"]}
         )
-        status, _, body = self.http("GET", f"{IMDS_TOKEN}?{query}", None, {"Metadata": "true"})
-        if status != 200:
-            raise PowerError(f"IMDS token for the head's identity: HTTP {status}: {body[:300]!r}")
+        waiting = Waiting(self, IDENTITY_WAIT, "IMDS token of the head's identity")
+        while True:
+            status, _, body = self.http("GET", f"{IMDS_TOKEN}?{query}", None, {"Metadata": "true"})
+            if status == 200:
+                break
+            problem = f"HTTP {status}: {body[:300]!r}"
+            not_yet = status in IMDS_RETRY or (status == 400 and b"identity not found" in body.lower())
+            if not (not_yet and waiting.again(problem)):
+                raise PowerError(f"IMDS token for the head's identity: {problem}")
         answer = json.loads(body)
         self._token = (answer["access_token"], float(answer.get("expires_on", self.clock() + 3600)))
         return self._token[0]
 
     def call(self, method: str, url: str, body: dict | None = None) -> tuple[int, dict, dict]:
         """(status, headers, JSON body) of one ARM call; throttling and transient 5xx retried as
-        Retry-After says; any other error raised as AzureError."""
+        Retry-After says, a denial (a grant not replicated yet) for AUTHORIZATION_WAIT; any other error
+        raised as AzureError."""
         data = json.dumps(body).encode() if body is not None else None
-        for attempt in range(ATTEMPTS):
+        throttled = 0
+        denied = Waiting(self, AUTHORIZATION_WAIT, f"{method} {url.split('?')[0]}")
+        while True:
             headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"}
             status, answer_headers, raw = self.http(method, url, data, headers)
             answer = json.loads(raw) if raw else {}
             if status < 400:
                 return status, answer_headers, answer
-            if status in AZURE_THROTTLED and attempt < ATTEMPTS - 1:
-                self.sleep(float(_header(answer_headers, "Retry-After") or min(20.0, 0.5 * 2**attempt)))
+            if status in AZURE_THROTTLED and throttled < ATTEMPTS - 1:
+                self.sleep(float(_header(answer_headers, "Retry-After") or min(20.0, 0.5 * 2**throttled)))
+                throttled += 1
                 continue
             error = answer.get("error") or {}
-            raise AzureError(status, error.get("code", f"HTTP{status}"), error.get("message", raw[:300].decode()))
-        raise AssertionError("unreachable")
+            failure = AzureError(status, error.get("code", f"HTTP{status}"), error.get("message", raw[:300].decode()))
+            # A grant made a moment ago that ARM does not honour yet: the same call again, for a while.
+            if not (failure.code in AUTHORIZATION_ERRORS and denied.again(f"{failure.code} (not replicated yet?)")):
+                raise failure
 
     def cloud_error(self, exc: Exception) -> str | None:
         return str(exc) if isinstance(exc, AzureError) else None

@@ -20,7 +20,9 @@ Identity Operator role assigned at that identity alone, never its own (security 
 2: a VM it made cannot carry the power role). Only the head's root and SlurmUser reach its token
 (roles/cloud_boot's metadata guard).
 
-`cluster down` deletes the assignments (rbac.delete_all), then the role definition.
+`cluster down` deletes the assignments (rbac.delete_all), then the role definition (waiting while
+Azure still counts the assignments just deleted). A new role's first assignments wait until Azure
+knows the role (rbac.while_replicating).
 
 power_vars() is the inventory's `slurm_power_azure` (power.json's `azure`): the ARM endpoint
 this controller uses (the twin's too), the head identity's client id, and per elastic group its
@@ -155,14 +157,22 @@ def delete_role(authorization, subscription_id: str, resource_group: str, cluste
 
     scope = f"/subscriptions/{subscription_id}"
     guid = role_id(subscription_id, resource_group, cluster)
+    name = role_name(subscription_id, resource_group, cluster)
     try:
         authorization.role_definitions.get(scope, guid)
     except HttpResponseError as exc:
         if exc.status_code == 404:
             return []
         raise
-    authorization.role_definitions.delete(scope, guid)
-    return [f"role definition {role_name(subscription_id, resource_group, cluster)}"]
+    # The assignments were deleted a moment ago (rbac.delete_all): Azure counts them until that replicated.
+    rbac.while_replicating(
+        lambda: authorization.role_definitions.delete(scope, guid),
+        ("RoleDefinitionHasAssignments",),
+        f"role definition {name}",
+        f"remove the role assignments that still use it (`az role assignment list --role {name} --all`), "
+        "then run `clusterbake cluster down` again",
+    )
+    return [f"role definition {name}"]
 
 
 def power_vars(*, config, nodes_group: str, head_client_id: str, name_placeholder: str, groups: dict) -> dict:

@@ -33,7 +33,9 @@ behind the CONNECT proxy in services.py:
   `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
   `{"<location>": {"<usage name>": limit}}`, `PUT /_twin/strict` `{"<switch>": false}` (each
   strictness of state.STRICT, on by default; `GET` shows them), `GET /_twin/state` (everything,
-  for tests), `GET /_twin/vms/<name>/custom-data` (what a VM was given).
+  for tests), `GET /_twin/vms/<name>/custom-data` (what a VM was given), `GET|PUT /_twin/spread`
+  `{"rbac": s, "identity": s}` (replication.py: how long RBAC writes and new identities take to
+  take effect; $ARM_TWIN_RBAC_SPREAD and $ARM_TWIN_IDENTITY_SPREAD at start, default 3).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
@@ -143,6 +146,21 @@ class Twin:
         )
         signature = _b64(hmac.new(self.key, f"{header}.{payload}".encode(), hashlib.sha256).digest())
         return f"{header}.{payload}.{signature}", expires
+
+    def identity_token(self, identity: dict, resource: str) -> tuple[str, int]:
+        """A token of a VM's user-assigned identity ({"principalId", "clientId"}) for IMDS (imds.py Token):
+        ValueError for an audience the twin does not issue, LookupError while the identity has not
+        replicated yet (replication.py)."""
+        audience = resource.removesuffix("/.default").rstrip("/")
+        if audience not in AUDIENCES:
+            raise ValueError(
+                f"AADSTS500011: The resource principal named {resource} was not found in the tenant "
+                f"{self.state.tenant} (the twin issues tokens for {', '.join(AUDIENCES)})"
+            )
+        with self.state.lock:
+            if not self.state.replication.identity_ready(identity["principalId"]):
+                raise LookupError(f"identity {identity['clientId']} has not replicated yet")
+        return self.token(identity["principalId"], resource, identity["clientId"])
 
     def verify(self, authorization: str | None, audience: str) -> dict:
         if not authorization:
@@ -285,9 +303,7 @@ class ArmHandler(Handler):
             if self.command == "GET":
                 found = state.role_definition(tail[1])
                 if found is None:
-                    raise ArmError(
-                        404, "RoleDefinitionDoesNotExist", f"The role definition '{tail[1]}' does not exist."
-                    )
+                    raise rbac.role_missing(tail[1], 404)
                 raise Reply(200, found)
             if self.command == "DELETE":
                 removed = state.delete_role_definition(tail[1])
@@ -308,6 +324,13 @@ class ArmHandler(Handler):
             state.set_strict(body or {})
         if path == "/_twin/strict" and self.command in ("GET", "PUT"):
             raise Reply(200, state.strict)
+        if path == "/_twin/spread" and self.command in ("GET", "PUT"):
+            spread = state.replication.spread
+            for kind, seconds in (body or {}).items() if self.command == "PUT" else ():
+                if kind not in spread or not isinstance(seconds, int | float) or seconds < 0:
+                    raise ArmError(400, "InvalidRequestContent", f"spread: {kind!r} must be rbac or identity, >= 0 s")
+                spread[kind] = float(seconds)
+            raise Reply(200, spread)
         if path == "/_twin/state" and self.command == "GET":
             raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid})
         match = re.fullmatch(r"/_twin/vms/([^/]+)/custom-data", path)
@@ -329,11 +352,12 @@ class ArmHandler(Handler):
             raise Reply(400, {"statusCode": 400, "message": f"unknown resource {resource!r}"})
         client_id = query.get("client_id")
         if client_id:
-            identity = self.twin.state.identity_by_client_id(client_id)
-            if identity is None:
-                raise Reply(
-                    400, {"statusCode": 400, "message": f"no user-assigned identity with client id {client_id}"}
-                )
+            state = self.twin.state
+            identity = state.identity_by_client_id(client_id)
+            if identity is None or not state.replication.identity_ready(identity["properties"]["principalId"]):
+                # App Service's answer for an identity it cannot use (one not assigned, or not replicated yet).
+                raise Reply(400, {"statusCode": 400, "message": "Unable to load the proper Managed Identity.",
+                                  "correlationId": str(uuid.uuid4())})  # fmt: skip
             oid, app = identity["properties"]["principalId"], client_id
         else:
             oid, app = self.twin.controller_oid, "clusterbake-controller"
@@ -574,7 +598,8 @@ def _tag_filter(text: str | None) -> tuple[str, str | None] | None:
 
 def serve(directory: Path, host: str = "127.0.0.1", port: int = 0, proxy_port: int = 0, page_size: int = 25,
           operation_seconds: float = 0.2, identity_header: str | None = None) -> tuple[Twin, list]:  # fmt: skip
-    """Start both listeners in threads; returns the twin and the servers (shutdown() them to stop)."""
+    """Start both listeners in threads; returns the twin and the servers (shutdown() them to stop).
+    The replication spreads come from the environment (replication.py)."""
     directory.mkdir(parents=True, exist_ok=True)
     state = ArmState(operation_seconds=operation_seconds)
     state_file = directory / "state.json"

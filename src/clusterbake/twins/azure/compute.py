@@ -543,10 +543,16 @@ class ComputeMixin:
             if existing
             else {"tenantId": self.tenant, "principalId": self.guid("principal"), "clientId": self.guid("client")}
         )
+        if not existing:  # its service principal replicates in Entra ID (replication.py)
+            self.replication.identity_made(resource["properties"]["principalId"])
         return resource
 
-    def identity_by_client_id(self, client_id: str) -> dict | None:
+    def identity_by(self, field: str, value: str) -> dict | None:
+        """The user-assigned identity whose `field` (clientId, principalId) is `value`."""
         for identity in self._of_type("Microsoft.ManagedIdentity/userAssignedIdentities"):
-            if identity["properties"]["clientId"] == client_id:
+            if identity["properties"][field] == value:
                 return identity
         return None
+
+    def identity_by_client_id(self, client_id: str) -> dict | None:
+        return self.identity_by("clientId", client_id)

@@ -234,16 +234,8 @@ class AzureTwin:
         log(f"Key Vault for the nodes on https://*.vault.azure.net -> {self.address}:{NODE_VAULT_PORT}")
 
     def token(self, identity: dict, resource: str) -> tuple[str, int]:
-        """A managed identity token, signed as the ARM fake signs its own (arm.Twin.token)."""
-        from clusterbake.twins.azure.arm import AUDIENCES
-
-        audience = resource.removesuffix("/.default").rstrip("/")
-        if audience not in AUDIENCES:
-            raise ValueError(
-                f"AADSTS500011: The resource principal named {resource} was not found in the tenant "
-                f"{self.arm.state.tenant} (the twin issues tokens for {', '.join(AUDIENCES)})"
-            )
-        return self.arm.token(identity["principalId"], resource, identity["clientId"])
+        """A managed identity token, signed as the ARM fake signs its own (arm.Twin.identity_token)."""
+        return self.arm.identity_token(identity, resource)
 
     def lookup(self, address: str) -> dict[str, Any] | None:
         with self.lock:

@@ -18,7 +18,8 @@ use managed identities for Azure resources on an Azure VM to acquire an access t
 - `/metadata/identity/oauth2/token?resource=...[&client_id=|object_id=|msi_res_id=]`: an
   access token of one of the VM's user-assigned identities; without a selector only when
   the VM has exactly one; `400 invalid_request "Identity not found"` for an identity the
-  VM does not have;
+  VM does not have, and for one that has not replicated yet (a new identity: the twin's
+  identity spread, replication.py; Azure documents no other answer for it);
 - `/metadata/scheduledevents`: `{"DocumentIncarnation", "Events"}`, events set by tests
   through the twin's control socket; a POST of `{"StartRequests": [{"EventId"}]}`
   approves (removes) events, as a VM acknowledges them.
@@ -53,7 +54,8 @@ EVENT_VERSIONS = ("2017-08-01", "2017-11-01", "2019-01-01", "2019-08-01", "2020-
 #   vm: the VM's name (scheduled events are per VM)
 Lookup = Callable[[str], dict[str, Any] | None]
 # token(identity, resource) -> (access token, expires_on) for that identity and audience; raises
-# ValueError for a resource the twin cannot issue tokens for.
+# ValueError for a resource the twin cannot issue tokens for, LookupError for an identity that has not
+# replicated yet.
 Token = Callable[[dict, str], tuple[str, int]]
 # events(vm name) -> {"DocumentIncarnation", "Events"}; approve(vm name, [event ids]) -> None
 Events = Callable[[str], dict]
@@ -224,6 +226,10 @@ class Handler(BaseHTTPRequestHandler):
             token, expires = self.server.token(chosen[0], resource)
         except ValueError as exc:
             error("invalid_resource", str(exc))
+            return
+        except LookupError as exc:
+            self.server.log(f"{self.client_address[0]} no token yet: {exc}")
+            error("invalid_request", "Identity not found")
             return
         self.server.log(f"{self.client_address[0]} token of {chosen[0]['clientId']} for {resource}")
         self._send(

@@ -16,6 +16,12 @@
 - allowed(principal, action, scope, data): whether some assignment of the principal at the
   scope or above grants the action (wildcards as Azure matches them, NotActions and
   NotDataActions subtracted). The blob data plane asks this for data actions.
+- Replication (replication.py, realcloud review B7): for the RBAC spread after a write, a new
+  custom role cannot be assigned yet (400 RoleDefinitionDoesNotExist), an updated one grants
+  what it granted before, a new assignment grants nothing, and a role whose assignments were
+  just deleted cannot be deleted (409 RoleDefinitionHasAssignments); for the identity spread, an
+  assignment naming a new identity without `principalType` is 400 PrincipalNotFound (Microsoft's
+  documented cause and fix). ARM's reads (GET, lists) answer the new state at once.
 """
 
 from __future__ import annotations
@@ -94,8 +100,16 @@ def action_matches(pattern: str, action: str) -> bool:
     return re.match(regex, action.lower()) is not None
 
 
+def role_missing(definition_id: str, status: int = 400) -> ArmError:
+    """ARM's answer for a role definition it does not know (yet): 404 to a GET, 400 to an assignment."""
+    guid = definition_id.rstrip("/").rsplit("/", 1)[-1]
+    words = f"The specified role definition with ID '{guid}' does not exist."
+    return ArmError(status, "RoleDefinitionDoesNotExist", words)
+
+
 class RbacMixin:
-    """Role definitions and assignments on ArmState (`self.subscription`, `self.resources`)."""
+    """Role definitions and assignments on ArmState (`self.subscription`, `self.tenant`, `self.resources`,
+    `self.replication`)."""
 
     def role_definition(self, definition_id: str) -> dict | None:
         guid = definition_id.rstrip("/").rsplit("/", 1)[-1].lower()
@@ -127,6 +141,9 @@ class RbacMixin:
             },
         }
 
+    def _permissions_in_effect(self, definition: dict) -> list | None:
+        return self.replication.permissions(definition["name"], definition["properties"]["permissions"])
+
     def put_role_definition(self, guid: str, body: dict) -> dict:
         if not _is_guid(guid):
             raise ArmError(400, "InvalidRoleDefinitionId", f"The role definition ID '{guid}' is not a GUID.")
@@ -147,13 +164,16 @@ class RbacMixin:
         }
         for key in ("actions", "notActions", "dataActions", "notDataActions"):
             spec[key] = [action for p in permissions for action in p.get(key) or []]
+        existing = self.role_definitions.get(guid.lower())
+        self.replication.definition_written(guid, self._permissions_in_effect(existing) if existing else None)
         self.role_definitions[guid.lower()] = self._definition_view(guid.lower(), spec, "CustomRole", list(scopes))
         return self.role_definitions[guid.lower()]
 
     def delete_role_definition(self, guid: str) -> dict | None:
         ids = [a["properties"]["roleDefinitionId"].lower() for a in self.role_assignments.values()]
-        if any(i.endswith(guid.lower()) for i in ids):
-            raise ArmError(409, "RoleDefinitionHasAssignments", "The role definition has assignments.")
+        if any(i.endswith(guid.lower()) for i in ids) or self.replication.recently_unassigned(guid):
+            raise ArmError(409, "RoleDefinitionHasAssignments", "There are existing role assignments referencing role")
+        self.replication.definition_deleted(guid)
         return self.role_definitions.pop(guid.lower(), None)
 
     def put_role_assignment(self, scope: str, name: str, body: dict) -> tuple[int, dict]:
@@ -161,12 +181,8 @@ class RbacMixin:
             raise ArmError(400, "InvalidRoleAssignmentId", f"The role assignment ID '{name}' is not valid.")
         props = body.get("properties") or {}
         definition = self.role_definition(props.get("roleDefinitionId") or "")
-        if definition is None:
-            raise ArmError(
-                400,
-                "RoleDefinitionDoesNotExist",
-                f"The specified role definition {props.get('roleDefinitionId')} does not exist.",
-            )
+        if definition is None or self._permissions_in_effect(definition) is None:  # none, or not replicated yet
+            raise role_missing(props.get("roleDefinitionId") or "")
         if not any(s == "/" or _within(scope, s) for s in definition["properties"]["assignableScopes"]):
             raise ArmError(
                 400, "InvalidCreateRoleAssignmentRequest",
@@ -175,6 +191,15 @@ class RbacMixin:
         principal = props.get("principalId") or ""
         if not _is_guid(principal) or props.get("principalType", "ServicePrincipal") not in PRINCIPAL_TYPES:
             raise ArmError(400, "InvalidPrincipalId", f"A valid principal ID must be provided: {principal!r}.")
+        if "principalType" not in props and not self.replication.identity_ready(principal):
+            raise ArmError(
+                400, "PrincipalNotFound",
+                f"Principal {principal} does not exist in the directory {self.tenant}. Check that you "
+                "have the correct principal ID. If you are creating this principal and then immediately assigning a "
+                "role, this error might be related to a replication delay. In this case, set the role assignment "
+                "principalType property to a value, such as ServicePrincipal, User, or Group.  See "
+                "https://aka.ms/docs-principaltype",
+            )  # fmt: skip
         self._check_scope_exists(scope)
         key = f"{scope.rstrip('/')}/providers/Microsoft.Authorization/roleAssignments/{name}".lower()
         for other_key, other in self.role_assignments.items():
@@ -210,6 +235,7 @@ class RbacMixin:
             },
         }
         self.role_assignments[key] = assignment
+        self.replication.assignment_written(key)
         return 201, copy.deepcopy(assignment)
 
     def _check_scope_exists(self, scope: str) -> None:
@@ -231,7 +257,14 @@ class RbacMixin:
 
     def delete_role_assignment(self, scope: str, name: str) -> dict | None:
         key = f"{scope.rstrip('/')}/providers/Microsoft.Authorization/roleAssignments/{name}".lower()
-        return self.role_assignments.pop(key, None)
+        return self._unassign(key)
+
+    def _unassign(self, key: str) -> dict | None:
+        """Remove an assignment; its role still counts it until that replicates (replication.py)."""
+        removed = self.role_assignments.pop(key, None)
+        if removed is not None:
+            self.replication.assignment_deleted(key, removed["properties"]["roleDefinitionId"].rsplit("/", 1)[-1])
+        return removed
 
     def list_role_assignments(self, scope: str, principal: str | None) -> list[dict]:
         """At or above the scope; with a principal filter also below it (ARM's rules)."""
@@ -249,18 +282,19 @@ class RbacMixin:
     def drop_assignments_below(self, resource_id: str) -> None:
         """A deleted resource takes the role assignments scoped to it (and below it) with it."""
         for key in [k for k, a in self.role_assignments.items() if _within(a["properties"]["scope"], resource_id)]:
-            self.role_assignments.pop(key)
+            self._unassign(key)
 
     def allowed(self, principal: str, action: str, scope: str, data: bool = False) -> bool:
         grant, deny = ("dataActions", "notDataActions") if data else ("actions", "notActions")
-        for assignment in self.role_assignments.values():
+        for key, assignment in self.role_assignments.items():
             p = assignment["properties"]
             if p["principalId"] != principal or not _within(scope, p["scope"]):
                 continue
-            definition = self.role_definition(p["roleDefinitionId"])
-            if definition is None:
+            if not self.replication.assignment_effective(key):  # ARM does not know it yet
                 continue
-            for permission in definition["properties"]["permissions"]:
+            definition = self.role_definition(p["roleDefinitionId"])
+            permissions = self._permissions_in_effect(definition) if definition else None
+            for permission in permissions or []:
                 if any(action_matches(a, action) for a in permission.get(grant, [])) and not any(
                     action_matches(a, action) for a in permission.get(deny, [])
                 ):

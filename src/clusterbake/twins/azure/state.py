@@ -44,6 +44,7 @@ from clusterbake.twins.azure.keyvault import KeyVaultMixin
 from clusterbake.twins.azure.lustre import AmlfsMixin
 from clusterbake.twins.azure.network import NetworkMixin
 from clusterbake.twins.azure.rbac import RbacMixin
+from clusterbake.twins.azure.replication import Replication
 from clusterbake.twins.azure.resource import (  # noqa: F401
     CANONICAL_TYPES,
     CONTAINER_NAME,
@@ -92,6 +93,8 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
         subscription: str = DEFAULT_SUBSCRIPTION,
         tenant: str = DEFAULT_TENANT,
         operation_seconds: float = 0.2,
+        rbac_spread: float | None = None,
+        identity_spread: float | None = None,
     ):
         self.lock = threading.RLock()
         self.subscription = subscription
@@ -108,6 +111,8 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
         self.strict: dict[str, bool] = dict(STRICT)
         self.role_definitions: dict[str, dict] = {}  # custom roles by GUID (lower case)
         self.role_assignments: dict[str, dict] = {}  # assignment id (lower case) -> assignment
+        # When RBAC writes and new identities take effect (None: the environment's setting, else 3 s).
+        self.replication = Replication(rbac=rbac_spread, identity=identity_spread)
         # Who sends the request being handled (arm.py sets it): (client id, createdByType) for systemData.
         self.actor: tuple[str, str] = ("clusterbake-twin", "Application")
         # The api-version of the request being served (a VM's defaults depend on it: compute.security_profile).
@@ -140,6 +145,7 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
                     "strict": self.strict,
                     "role_definitions": self.role_definitions,
                     "role_assignments": self.role_assignments,
+                    "replication": self.replication.written,
                 }
             )
 
@@ -153,6 +159,7 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
             self.strict = dict(STRICT) | data.get("strict", {})
             self.role_definitions = data.get("role_definitions", {})
             self.role_assignments = data.get("role_assignments", {})
+            self.replication.restore(data.get("replication"))
             # Operations are not kept across a restart: what was in flight finishes now.
             for key, resource in list(self.resources.items()):
                 state = resource.get("properties", {}).get("provisioningState")
