@@ -30,7 +30,10 @@ behind the CONNECT proxy in services.py:
   UpdateSecret, and a disabled one is refused with 403 SecretDisabled), delete is soft.
 - **Test switches** (`/_twin/...`, no token needed): `PUT /_twin/capacity`
   `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
-  `{"<location>": {"<usage name>": limit}}`, `GET /_twin/state` (everything, for tests),
+  `{"<location>": {"<usage name>": limit}}`, `PUT /_twin/strict` `{"amlfs_nsg": false}` (turn a
+  strict behaviour off: state.STRICT), `GET /_twin/state` (everything, for tests, and `warnings`:
+  what Azure accepts that the twin notes), `GET /_twin/amlfs` (per Managed Lustre file system, each
+  NIC address of its network: null when its servers reach it, else why not: lustre.py),
   `GET /_twin/vms/<name>/custom-data` (what a VM was given).
 """
 
@@ -301,8 +304,15 @@ class ArmHandler(Handler):
         if path == "/_twin/quota" and self.command == "PUT":
             state.quota = {k.lower(): dict(v) for k, v in (body or {}).items()}
             raise Reply(200, state.quota)
+        if path == "/_twin/strict" and self.command == "PUT":
+            raise Reply(200, state.set_strict(body if isinstance(body, dict) else {}))
         if path == "/_twin/state" and self.command == "GET":
-            raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid})
+            raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid,
+                                                 "warnings": state.warnings()})  # fmt: skip
+        if path == "/_twin/amlfs" and self.command == "GET":
+            raise Reply(200, {fs["id"]: {"mgsAddress": fs["properties"]["clientInfo"]["mgsAddress"],
+                                         "clients": state.amlfs_clients(fs)}
+                              for fs in state.amlfs_filesystems()})  # fmt: skip
         match = re.fullmatch(r"/_twin/vms/([^/]+)/custom-data", path)
         if match and self.command == "GET":
             for vm in state.resources.values():

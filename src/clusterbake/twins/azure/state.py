@@ -26,8 +26,9 @@ Long-running operations (PUT of networks, NICs, scale sets, VMs and vaults, dele
 power actions) finish `operation_seconds` after they start; until then the resource says
 provisioningState Creating/Updating/Deleting and the operation InProgress. Test switches:
 `capacity` (size -> how many VMs of it can be allocated, and the error past that:
-AllocationFailed, ZonalAllocationFailed or SkuNotAvailable) and `quota` (location ->
-usage name -> limit).
+AllocationFailed, ZonalAllocationFailed or SkuNotAvailable), `quota` (location ->
+usage name -> limit) and `strict` (STRICT: the twin's strict behaviours, each on unless a test turns
+it off to see the lenient one).
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ from clusterbake.twins.azure.resource import (  # noqa: F401
 )
 from clusterbake.twins.azure.storage import StorageMixin
 
+# Strict behaviours a test may turn off (`PUT /_twin/strict`): name -> on by default.
+STRICT = {
+    "amlfs_nsg": True,  # Azure Managed Lustre's servers reach only the clients whose NSGs admit them (lustre.py)
+}
+
 
 class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMixin, RbacMixin):
     def __init__(
@@ -93,6 +99,7 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
         self.quota: dict[str, dict[str, int]] = {}  # location -> usage name -> limit
         self.role_definitions: dict[str, dict] = {}  # custom roles by GUID (lower case)
         self.role_assignments: dict[str, dict] = {}  # assignment id (lower case) -> assignment
+        self.strict: dict[str, bool] = dict(STRICT)
         # Who sends the request being handled (arm.py sets it): (client id, createdByType) for systemData.
         self.actor: tuple[str, str] = ("clusterbake-twin", "Application")
 
@@ -113,6 +120,7 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
                     "quota": self.quota,
                     "role_definitions": self.role_definitions,
                     "role_assignments": self.role_assignments,
+                    "strict": self.strict,
                 }
             )
 
@@ -125,6 +133,7 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
             self.quota = data.get("quota", {})
             self.role_definitions = data.get("role_definitions", {})
             self.role_assignments = data.get("role_assignments", {})
+            self.strict = STRICT | data.get("strict", {})
             # Operations are not kept across a restart: what was in flight finishes now.
             for key, resource in list(self.resources.items()):
                 state = resource.get("properties", {}).get("provisioningState")
@@ -141,6 +150,18 @@ class ArmState(NetworkMixin, ComputeMixin, StorageMixin, KeyVaultMixin, AmlfsMix
             for name, group in list(self.groups.items()):
                 if group["properties"]["provisioningState"] == "Deleting":
                     self._delete_group_now(name)
+
+    def set_strict(self, switches: dict) -> dict[str, bool]:
+        """`PUT /_twin/strict`: turn named strict behaviours on (true) or off (false)."""
+        unknown = sorted(set(switches) - set(STRICT))
+        if unknown or not all(isinstance(v, bool) for v in switches.values()):
+            raise ArmError(400, "InvalidRequestContent", f"strict switches are {', '.join(STRICT)}, true or false")
+        self.strict |= switches
+        return dict(self.strict)
+
+    def warnings(self) -> list[dict]:
+        """What Azure accepts but the twin notes as a likely mistake (`GET /_twin/state`'s `warnings`)."""
+        return self.amlfs_warnings()
 
     # --- ids ----------------------------------------------------------------------------
 
