@@ -9,7 +9,8 @@ file system's DNS name, an Azure storage account's file host, an Azure Managed L
 file system's MGS address) and bind-mounts that
 file system's directory, which every node of the twin shares, at DIR. Only the twins'
 nodes ever run it; see docs/twin.md for what this cannot show (NFS and Lustre
-semantics, reachability, security groups and network rules, performance).
+semantics, reachability, security groups and network rules other than the Azure twin's
+check of Managed Lustre's servers below, performance).
 
 The map (`endpoints.json`, written by the twin): host -> {"dir": the file system's
 directory under the storage root, "prefix": the part of SPEC's path that names it (an
