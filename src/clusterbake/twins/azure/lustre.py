@@ -215,6 +215,8 @@ class AmlfsMixin:
         vnet_id = fs["properties"]["filesystemSubnet"].lower().rsplit("/subnets/", 1)[0]
         server = fs["properties"]["clientInfo"]["mgsAddress"]
         clients: dict[str, str | None] = {}
+        if vnet_id not in self.resources:  # its network's group was deleted under it: no client left
+            return clients
         for _, config in self._network_configs(vnet_id):
             address = config["properties"]["privateIPAddress"]
             clients[address] = None
@@ -233,14 +235,14 @@ class AmlfsMixin:
         """File systems whose subnet holds NICs (see the module's docstring: Azure allows it)."""
         warnings = []
         for fs in self._of_type(TYPE):
-            subnet = self.view(self.resources[fs["properties"]["filesystemSubnet"].lower()])
-            nics = sorted(
-                {c["id"].rsplit("/ipConfigurations/", 1)[0] for c in subnet["properties"]["ipConfigurations"]}
-            )
+            subnet = self.resources.get(fs["properties"]["filesystemSubnet"].lower())
+            configs = self.view(subnet)["properties"]["ipConfigurations"] if subnet else []
+            nics = sorted({c["id"].rsplit("/ipConfigurations/", 1)[0] for c in configs})
             if nics:
                 message = (
-                    f"Azure Managed Lustre {fs['name']} is in subnet {subnet['id']}, which holds {len(nics)} network "
-                    "interface(s) of other resources; Microsoft's NSG guidance assumes the file system's own subnet"
+                    f"Azure Managed Lustre {fs['name']} is in subnet {fs['properties']['filesystemSubnet']}, which "
+                    f"holds {len(nics)} network interface(s) of other resources; Microsoft's NSG guidance assumes "
+                    "the file system's own subnet"
                 )
                 # The twin's own code: Azure creates such a file system without a word.
                 warnings.append({"code": "AmlfsSubnetShared", "target": fs["id"], "message": message, "nics": nics})
