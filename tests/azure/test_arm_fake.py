@@ -324,14 +324,14 @@ def _secret_values_over_25_kb_are_refused(twin: Twin, vault_url: str) -> None:
         with pytest.raises(HttpResponseError):
             client.set_secret("too-big", "é" * 12801)  # 25602 bytes of UTF-8: counted in bytes
         status, strict, _ = twin.request("PUT", "/_twin/strict", {"keyvault_secret_size": False})
-        assert (status, strict) == (200, {"keyvault_secret_size": False})
+        assert (status, strict) == (200, {"keyvault_secret_size": False, "amlfs_nsg": True})
         try:
             assert len(client.set_secret("too-big", "x" * 25601).value) == 25601
         finally:
             twin.request("PUT", "/_twin/strict", {"keyvault_secret_size": True})
     status, error, _ = twin.request("PUT", "/_twin/strict", {"no_such_switch": True})
-    assert (status, error["error"]["code"]) == (400, "InvalidParameter")
-    assert twin.request("GET", "/_twin/strict")[1] == {"keyvault_secret_size": True}
+    assert (status, error["error"]["code"]) == (400, "InvalidRequestContent")
+    assert twin.request("GET", "/_twin/strict")[1] == {"keyvault_secret_size": True, "amlfs_nsg": True}
 
 
 def test_state_survives_a_restart_of_the_twin(tmp_path):

@@ -6,7 +6,9 @@ twin (conftest.py).
 The fake enforces what Azure requires (the SKU's size steps, one zone, a maintenance window, the subnet
 check of checkAmlFSSubnets; private containers; role assignments by GUID at an existing scope) and
 serves the blob service the nodes' blobfuse2 asks first: its answers depend on the account's network
-rules and on the identity's role assignments (twins/azure/blob.py).
+rules and on the identity's role assignments (twins/azure/blob.py). A file system's servers reach only the
+nodes whose NSGs admit them on Lustre's ports (`GET /_twin/amlfs`, what the twin's nodes' mounts obey:
+twins/azure/lustre.py), and a file system in a subnet with NICs is a twin warning (`GET /_twin/state`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ pytestmark = needs_sdk
 CLUSTER = "lustreblob"
 RG = "lustreblob-rg"
 STORAGE_SUBNET = "lustre-nodes"
+STORAGE_PREFIX = "10.70.30.0/24"
+LUSTRE_PORTS = ["988", "1019-1023"]
+SHARED_SUBNET_WARNING = "the Managed Lustre file system goes into the cluster's subnet"
 READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 STORAGE = [
@@ -46,7 +51,13 @@ STORAGE = [
 @pytest.fixture(scope="module")
 def storage_subnet(twin) -> str:
     """A subnet of the existing network with the Microsoft.Storage service endpoint."""
-    return make_storage_subnet(twin, STORAGE_SUBNET, "10.70.30.0/24")
+    return make_storage_subnet(twin, STORAGE_SUBNET, STORAGE_PREFIX)
+
+
+@pytest.fixture(scope="module")
+def lustre_subnet(twin) -> str:
+    """A subnet of the file system's own (16 TiB: Microsoft's table wants a /27)."""
+    return make_storage_subnet(twin, "lustre-own", "10.70.31.0/27")
 
 
 def _config(twin, subnet_id: str, storage=STORAGE, cluster: str = CLUSTER) -> dict:
@@ -72,6 +83,23 @@ def _identity(twin, cluster: str = CLUSTER) -> dict:
 
 def _assignments(twin, principal: str) -> list[dict]:
     return [a for a in twin.state()["role_assignments"].values() if a["properties"]["principalId"] == principal]
+
+
+def _lustre_rules(twin, cluster: str = CLUSTER) -> dict[str, dict]:
+    (nsg,) = _of(twin, "Microsoft.Network/networkSecurityGroups", cluster)
+    return {r["name"]: r["properties"] for r in nsg["properties"]["securityRules"] if r["name"].startswith("amlfs-")}
+
+
+def _node_addresses(twin, cluster: str = CLUSTER) -> list[str]:
+    return sorted(c["properties"]["privateIPAddress"] for n in _of(twin, "Microsoft.Network/networkInterfaces", cluster)
+                  for c in n["properties"]["ipConfigurations"])  # fmt: skip
+
+
+def _reached(twin, fs: dict) -> dict[str, str | None]:
+    """Each NIC address of the file system's network: None when its servers reach it, else the twin's why."""
+    status, body, _ = twin.request("GET", "/_twin/amlfs")
+    assert status == 200, body
+    return body[fs["id"]]["clients"]
 
 
 # --- the config -------------------------------------------------------------------------------
@@ -188,13 +216,78 @@ def test_the_file_systems_address_is_no_nodes(twin, made):
     assert fs["properties"]["clientInfo"]["mgsAddress"] not in taken
 
 
+def test_the_nsg_lets_the_file_systems_servers_reach_every_node(twin, made):
+    """Azure Managed Lustre's servers open connections to their clients on TCP 988 and 1019-1023; the cluster's
+    NSG denies the rest of the network (deny-vnet), so it admits them from the file system's subnet first."""
+    (fs,) = _of(twin, "Microsoft.StorageCache/amlFilesystems")
+    reached = _reached(twin, fs)
+    assert len(_node_addresses(twin)) == 2  # the head and cpu-1
+    assert {a: reached[a] for a in _node_addresses(twin)} == dict.fromkeys(_node_addresses(twin))
+    (nsg,) = _of(twin, "Microsoft.Network/networkSecurityGroups")
+    (asg,) = _of(twin, "Microsoft.Network/applicationSecurityGroups")
+    rules = {r["name"]: r["properties"] for r in nsg["properties"]["securityRules"]}
+    lustre = rules["amlfs-0"]
+    assert (lustre["direction"], lustre["access"], lustre["protocol"]) == ("Inbound", "Allow", "Tcp")
+    assert lustre["sourceAddressPrefix"] == STORAGE_PREFIX and lustre["destinationPortRanges"] == LUSTRE_PORTS
+    assert lustre["destinationApplicationSecurityGroups"] == [{"id": asg["id"]}]
+    assert lustre["priority"] < rules["deny-vnet"]["priority"]
+    assert list(_lustre_rules(twin)) == ["amlfs-0"]
+
+
+def test_a_file_system_in_the_clusters_subnet_is_warned_about(twin, made, storage_subnet):
+    """Azure allows it (the prerequisites let compute share the file system's subnet); clusterbake warns at
+    `cluster up` and the twin notes it."""
+    (fs,) = _of(twin, "Microsoft.StorageCache/amlFilesystems")
+    assert (
+        f"warning: storage.1 (scratch): {SHARED_SUBNET_WARNING} (azure.subnet_id)"
+        in made["first"].stdout + made["first"].stderr
+    )
+    (noted,) = [w for w in twin.state()["warnings"] if w["target"] == fs["id"]]
+    assert noted["code"] == "AmlfsSubnetShared"
+    nics = {n["id"] for n in _of(twin, "Microsoft.Network/networkInterfaces")}
+    assert nics <= set(noted["nics"]) and storage_subnet in noted["message"]
+
+
+def test_an_older_clusters_nsg_gets_the_lustre_rule_once(twin, made):
+    """A cluster made before the rule existed: the twin's file system cannot reach its nodes through the old
+    NSG; the next `cluster up` adds the rule (and the run after it changes nothing: the next test)."""
+    from azure.identity import DefaultAzureCredential
+    from azure.mgmt.network import NetworkManagementClient
+
+    (fs,) = _of(twin, "Microsoft.StorageCache/amlFilesystems")
+    (nsg,) = _of(twin, "Microsoft.Network/networkSecurityGroups")
+    old_rules = [{"name": r["name"], "properties": r["properties"]} for r in nsg["properties"]["securityRules"]
+                 if not r["name"].startswith("amlfs-")]  # fmt: skip
+    with twin.sdk_env():
+        network = NetworkManagementClient(DefaultAzureCredential(), twin.subscription, base_url=twin.url)
+        network.network_security_groups.begin_create_or_update(
+            RG, nsg["name"], {"location": LOCATION, "tags": nsg["tags"], "properties": {"securityRules": old_rules}}
+        ).result()
+    nodes = _node_addresses(twin)
+    reached = _reached(twin, fs)
+    for address in nodes:
+        assert f"rule deny-vnet (priority 4000) of network security group {nsg['name']} denies inbound TCP 988 " \
+               f"from {fs['properties']['clientInfo']['mgsAddress']} to {address}" in reached[address]  # fmt: skip
+    # The strict behaviour is a switch (on by default): off, the twin lets the servers through as before.
+    assert twin.request("PUT", "/_twin/strict", {"amlfs_nsg": False})[0] == 200
+    try:
+        assert [_reached(twin, fs)[a] for a in nodes] == [None, None]
+    finally:
+        assert twin.request("PUT", "/_twin/strict", {"amlfs_nsg": True})[0] == 200
+    again = run_cb(twin, made["state_dir"], made["config"], "cluster", "up", "--provision-only")
+    assert f"network security group {nsg['name']} updated" in again.stderr
+    assert f"Lustre from {STORAGE_PREFIX}" in again.stderr
+    assert list(_lustre_rules(twin)) == ["amlfs-0"]
+    assert [_reached(twin, fs)[a] for a in nodes] == [None, None]
+
+
 def test_rerun_creates_no_storage_and_no_role_assignment(twin, made):
     before = {r["id"]: r["etag"] for r in _of(twin, "Microsoft.Storage/storageAccounts")}
     assignments = sorted(twin.state()["role_assignments"])
     again = run_cb(twin, made["state_dir"], made["config"], "cluster", "up", "--provision-only")
     output = again.stdout + again.stderr
     for made_word in ("creating Managed Lustre", "creating storage account", "creating blob container",
-                      "Storage Blob Data"):  # fmt: skip
+                      "Storage Blob Data", "network security group"):  # fmt: skip
         assert made_word not in output
     assert {r["id"]: r["etag"] for r in _of(twin, "Microsoft.Storage/storageAccounts")} == before
     assert sorted(twin.state()["role_assignments"]) == assignments
@@ -260,9 +353,29 @@ def test_blob_service_applies_network_rules_and_role_assignments(twin, made):
 # --- cluster down -----------------------------------------------------------------------------------
 
 
-def test_down_deletes_the_file_system_the_account_and_the_role_assignments(twin, storage_subnet, tmp_path):
-    config = _config(twin, storage_subnet, cluster="lbdown")
-    run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
+def test_down_deletes_the_file_system_the_account_and_the_role_assignments(
+    twin, made, storage_subnet, lustre_subnet, tmp_path
+):
+    # The file system in a subnet of its own, and the first cluster's as an existing one (by its MGS address).
+    (shared,) = _of(twin, "Microsoft.StorageCache/amlFilesystems")
+    existing = {"name": "shared", "mount_point": "/shared-scratch", "type": "amlfs",
+                "mgs_address": shared["properties"]["clientInfo"]["mgsAddress"]}  # fmt: skip
+    storage = [STORAGE[0], {**STORAGE[1], "subnet_id": lustre_subnet}, *STORAGE[2:], existing]
+    config = _config(twin, storage_subnet, storage, cluster="lbdown")
+    up = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
+    assert SHARED_SUBNET_WARNING not in up.stdout + up.stderr
+    rules = _lustre_rules(twin, "lbdown")
+    assert [(r["sourceAddressPrefix"], r["destinationPortRanges"]) for r in rules.values()] == [
+        ("10.70.31.0/27", LUSTRE_PORTS),
+        (STORAGE_PREFIX, LUSTRE_PORTS),
+    ]
+    (own,) = _of(twin, "Microsoft.StorageCache/amlFilesystems", "lbdown")
+    assert own["properties"]["clientInfo"]["mgsAddress"].startswith("10.70.31.")
+    for fs in (own, shared):
+        assert {a: _reached(twin, fs)[a] for a in _node_addresses(twin, "lbdown")} == dict.fromkeys(
+            _node_addresses(twin, "lbdown")
+        )
+    assert own["id"] not in {w["target"] for w in twin.state()["warnings"]}  # no NIC in its subnet
     principal = _identity(twin, "lbdown")["principalId"]
     assert len(_assignments(twin, principal)) == 2
     down = run_cb(twin, tmp_path, config, "cluster", "down")
@@ -272,9 +385,14 @@ def test_down_deletes_the_file_system_the_account_and_the_role_assignments(twin,
 
 
 def test_down_keeps_what_an_entry_retains(twin, storage_subnet, tmp_path):
-    storage = [STORAGE[0], {**STORAGE[1], "retain": True}, {**STORAGE[2], "retain": True}]
+    elsewhere = {"name": "elsewhere", "mount_point": "/elsewhere", "type": "amlfs", "mgs_address": "10.99.0.4"}
+    storage = [STORAGE[0], {**STORAGE[1], "retain": True}, {**STORAGE[2], "retain": True}, elsewhere]
     config = _config(twin, storage_subnet, storage, cluster="lbkeep")
-    run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
+    up = run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
+    # An existing file system the subscription does not hold: the NSG cannot admit its servers by itself.
+    assert "warning: storage.3 (elsewhere): no Managed Lustre file system of subscription" in up.stderr
+    assert "has MGS address 10.99.0.4, so the nodes' NSG does not admit its servers' connections" in up.stderr
+    assert list(_lustre_rules(twin, "lbkeep")) == ["amlfs-0"]
     down = run_cb(twin, tmp_path, config, "cluster", "down")
     left = twin.resources_of("lbkeep")
     kept = sorted((r["type"], r["name"]) for r in left)

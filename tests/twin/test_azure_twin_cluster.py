@@ -128,7 +128,7 @@ def test_scratch_is_the_managed_lustre_file_system(azure, cluster):
     for node in ("head", "cpu-1"):
         unit = cluster.on(node, "cat /etc/systemd/system/scratch.mount").stdout
         what = next(line for line in unit.splitlines() if line.startswith("What="))
-        assert what.endswith("@tcp:/lustrefs") and what.startswith("What=10.91.0.")
+        assert what.endswith("@tcp:/lustrefs") and what.startswith("What=10.91.1.")  # the twin's amlfs subnet
         assert "Type=lustre\n" in unit and "Options=noatime,flock,_netdev\n" in unit
         lnet = cluster.on(node, "grep -v '^#' /etc/modprobe.d/lnet.conf").stdout.strip()
         assert lnet == 'options lnet networks="tcp(eth0)"'
@@ -136,6 +136,37 @@ def test_scratch_is_the_managed_lustre_file_system(azure, cluster):
     cluster.on("cpu-1", "echo from-cpu-1 > /scratch/hello")
     assert cluster.on("head", "cat /scratch/hello").stdout.strip() == "from-cpu-1"
     assert (directory / "hello").read_text().strip() == "from-cpu-1"
+
+
+def test_a_node_the_file_systems_servers_cannot_reach_cannot_mount_it(azure, cluster):
+    """The twin's NSG check on a node's own mount (twins/azure/lustre.py, mount_helper.py): the cluster's NSG
+    without its Lustre rule (as clusterbake made it before the rule) keeps the file system's servers out, and
+    the node's mount.lustre fails; with the rule back it mounts."""
+    (fs,) = _twin_resources(azure, "Microsoft.StorageCache/amlFilesystems")
+    (nsg,) = _twin_resources(azure, "Microsoft.Network/networkSecurityGroups")
+    spec = f"{fs['properties']['clientInfo']['mgsAddress']}@tcp:/lustrefs"
+    probe = f"mkdir -p /mnt/probe && mount -t lustre {spec} /mnt/probe; echo rc=$?; umount /mnt/probe 2>/dev/null; true"
+    rules = [{"name": r["name"], "properties": r["properties"]} for r in nsg["properties"]["securityRules"]]
+    network = azure.clients()[1]
+    vm_id = _vm_id(azure, "cpu-2")
+
+    def put_rules(kept: list[dict]) -> None:
+        body = {"location": nsg["location"], "tags": nsg["tags"], "properties": {"securityRules": kept}}
+        with Environ(azure.env):
+            network.network_security_groups.begin_create_or_update(f"{CLUSTER}-rg", nsg["name"], body).result()
+
+    def mounts(rc: int):
+        result = azure.inside(vm_id, probe, check=False)
+        return result if f"rc={rc}" in result.stdout else None
+
+    put_rules([r for r in rules if not r["name"].startswith("amlfs-")])
+    try:
+        refused = wait_for("cpu-2's mount refused", lambda: mounts(32), timeout=30)
+        assert f"mount.lustre: mount {spec} at /mnt/probe failed: Input/output error" in refused.stderr
+        assert f"network security group {nsg['name']} denies inbound TCP 988" in refused.stderr
+    finally:
+        put_rules(rules)
+    wait_for("cpu-2's mount with the rule back", lambda: mounts(0), timeout=30)
 
 
 def test_blob_containers_are_mounted_with_the_nodes_identity(azure, cluster):

@@ -158,8 +158,10 @@ class AmlfsStorage(StorageBase):
     subnet_id: str | None = Field(
         None,
         pattern=SUBNET_ID_PATTERN,
-        description="Subnet of a created file system (Microsoft recommends one of its own, sized for the file "
-        "system); default: the cluster's subnet.",
+        description="Subnet of a created file system, by resource id: recommended, one of its own sized for the "
+        "file system (Microsoft's NSG guidance assumes it); the nodes' NSG admits its servers (TCP 988, "
+        "1019-1023) from it. Default: the cluster's subnet (a warning at `cluster up`: the NSG then admits those "
+        "ports from the whole subnet).",
     )
     zone: Literal["1", "2", "3"] | None = Field(
         None, description="Availability zone of a created file system (AMLFS needs one); default: azure.zone."

@@ -13,7 +13,8 @@ Microsoft's "Create an Azure Managed Lustre file system" describes it:
   mode of the file system's root as root, as it does on the other shared file systems;
 - before anything is created (validate): Azure's own subnet check, `checkAmlFSSubnets`
   (the subnet's size and free addresses for this SKU and size), its refusal a ConfigError
-  naming the entry;
+  naming the entry; a warning for a file system that would go into the cluster's subnet
+  (Microsoft's NSG guidance assumes a subnet of the file system's own: give subnet_id);
 - creation takes Azure 10 minutes or more: `cluster up` starts every missing file system
   first (start()) and waits for them (wait()) just before the VMs, which mount them as
   they join; size, SKU, subnet and zone cannot change afterwards (a changed entry is
@@ -21,6 +22,12 @@ Microsoft's "Create an Azure Managed Lustre file system" describes it:
 
 What the nodes mount (endpoints()): the MGS address of `properties.clientInfo` and the file
 system name (`lustrefs`), through role amlfs_client (LNet over TCP on eth0).
+
+Who the servers reach (server_prefixes()): a file system's servers open connections to their
+clients on TCP 988 and 1019-1023 (Microsoft's "Configure a network security group for Azure
+Managed Lustre", outbound rule 108), so the cluster's NSG admits them from the address range of
+each file system's subnet (resources.security_rules): a created one's subnet, an existing one's
+found by its MGS address among the subscription's file systems.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.progress import say
 from clusterbake.providers.azure import resources, tags
 from clusterbake.providers.azure.api import get_or_none, message
+from clusterbake.providers.azure.checks import Subnet
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,13 @@ def check(storagecache, config: ClusterConfig, cluster_subnet_id: str) -> None:
         if fs.name is None or get_or_none(storagecache.aml_filesystems.get, rg, fs.name) is not None:
             continue
         field = f"{fs.field}.subnet_id" if fs.entry.subnet_id else config.azure.subnet_field
+        if subnet_of(config, fs, cluster_subnet_id).lower() == cluster_subnet_id.lower():
+            say(
+                f"    warning: {fs.field}: the Managed Lustre file system goes into the cluster's subnet "
+                f"({config.azure.subnet_field}), and the nodes' NSG admits Lustre's connections (TCP 988, 1019-1023) "
+                "from that whole subnet; Microsoft's NSG guidance assumes a subnet of the file system's own: give "
+                "the entry a subnet_id (it cannot move after creation)"
+            )
         try:
             storagecache.check_aml_fs_subnets(
                 {
@@ -101,6 +116,43 @@ def check(storagecache, config: ClusterConfig, cluster_subnet_id: str) -> None:
                 f"({fs.entry.storage_capacity_tib} TiB {fs.entry.sku}): {_subnet_error(exc)}; give the entry a "
                 "subnet of its own (subnet_id) of the size Microsoft's prerequisites name"
             ) from None
+
+
+def server_prefixes(network, storagecache, config: ClusterConfig, cluster_subnet: Subnet) -> list[str]:
+    """The address ranges of the file systems' subnets, where their servers connect from (see the docstring)."""
+    prefixes: list[str] = []
+    existing: dict[str, str] | None = None  # MGS address -> subnet id of the subscription's file systems
+    for fs in file_systems(config):
+        if fs.name is not None:
+            subnet_id = subnet_of(config, fs, cluster_subnet.id)
+        else:
+            if existing is None:
+                existing = {
+                    found.properties.client_info.mgs_address: found.properties.filesystem_subnet
+                    for found in storagecache.aml_filesystems.list()
+                    if found.properties is not None and found.properties.client_info is not None
+                }
+            subnet_id = existing.get(fs.entry.mgs_address)
+            if subnet_id is None:
+                say(
+                    f"    warning: {fs.field}: no Managed Lustre file system of subscription "
+                    f"{config.azure.subscription_id} has MGS address {fs.entry.mgs_address}, so the nodes' NSG does "
+                    "not admit its servers' connections (TCP 988, 1019-1023): add an inbound rule for its subnet "
+                    "to the NSG yourself"
+                )
+                continue
+        for prefix in _prefixes_of(network, subnet_id, cluster_subnet):
+            if prefix not in prefixes:
+                prefixes.append(prefix)
+    return prefixes
+
+
+def _prefixes_of(network, subnet_id: str, cluster_subnet: Subnet) -> list[str]:
+    if subnet_id.lower() == cluster_subnet.id.lower():
+        return [cluster_subnet.prefix]
+    parts = subnet_id.split("/")  # /subscriptions/S/resourceGroups/G/providers/Microsoft.Network/virtualNetworks/V/...
+    subnet = network.subnets.get(parts[4], parts[8], parts[10])
+    return list(subnet.address_prefixes or [subnet.address_prefix])
 
 
 def _subnet_error(exc) -> str:

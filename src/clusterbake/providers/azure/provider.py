@@ -278,7 +278,8 @@ class AzureProvider(CloudProvider):
     def _ensure_nsg(self, asg_id: str) -> str:
         name = resources.cluster_name(self.config.cluster_name)
         api = self.clients.network.network_security_groups
-        rules = resources.security_rules(asg_id, self.azure.ssh_cidrs)
+        lustre = amlfs.server_prefixes(self.clients.network, self.clients.storagecache, self.config, self.subnet)
+        rules = resources.security_rules(asg_id, self.azure.ssh_cidrs, lustre)
         found = get_or_none(api.get, self.azure.resource_group, name)
         if found is not None:
             self._owned(found.tags, f"network security group {name}")
@@ -293,7 +294,11 @@ class AzureProvider(CloudProvider):
                 "properties": {"securityRules": rules},
             },
         ).result()
-        say(f"    network security group {name} {'updated' if found else 'created'} (SSH from {self.azure.ssh_cidrs})")
+        lustre_note = f", Lustre from {', '.join(lustre)}" if lustre else ""
+        say(
+            f"    network security group {name} {'updated' if found else 'created'} (SSH from {self.azure.ssh_cidrs}"
+            f"{lustre_note})"
+        )
         return result.id
 
     @property

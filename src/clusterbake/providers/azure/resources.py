@@ -6,8 +6,11 @@ identity may write there and nowhere else, security review finding 2) and azure.
 (the rest, the head's VM and NIC among it):
 - application security group and network security group `clusterbake-<cluster>`: every
   node's NIC is in the ASG; the NSG (on every NIC) allows TCP 22 from each of
-  azure.ssh_cidrs, everything from the ASG to the ASG (the cluster), and denies the rest
-  of the virtual network (Azure's default rule AllowVnetInBound would admit it);
+  azure.ssh_cidrs, everything from the ASG to the ASG (the cluster), TCP 988 and 1019-1023
+  from the subnet of each Managed Lustre file system the nodes mount (its servers open
+  connections to their clients: Microsoft's "Configure a network security group for Azure
+  Managed Lustre", outbound rule 108), and denies the rest of the virtual network (Azure's
+  default rule AllowVnetInBound would admit it);
 - user-assigned managed identity `clusterbake-<cluster>-nodes` (the nodes read their join
   bundle with it, and their blob containers), and with elastic groups `clusterbake-<cluster>-head`
   (the head's power program creates and deletes VMs with it: power.py);
@@ -28,12 +31,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Sequence
 
 from clusterbake.providers.azure import tags
 from clusterbake.providers.common import resource_name
 
 SSH_PRIORITY = 100  # 100, 101, ... one rule per CIDR
 CLUSTER_PRIORITY = 1000
+LUSTRE_PRIORITY = 2000  # 2000, 2001, ... one rule per Managed Lustre subnet
+LUSTRE_PORTS = ["988", "1019-1023"]
 DENY_VNET_PRIORITY = 4000
 
 
@@ -73,7 +79,8 @@ def vault_name(cluster: str, subscription_id: str, resource_group: str) -> str:
     return f"cb{cluster.replace('-', '')[:14]}{digest}"
 
 
-def security_rules(asg_id: str, ssh_cidrs: list[str]) -> list[dict]:
+def security_rules(asg_id: str, ssh_cidrs: list[str], lustre_prefixes: Sequence[str] = ()) -> list[dict]:
+    """The NSG's rules; `lustre_prefixes`: the address ranges of the Managed Lustre file systems' subnets."""
     rules = [
         {
             "name": f"ssh-{index}",
@@ -107,6 +114,23 @@ def security_rules(asg_id: str, ssh_cidrs: list[str]) -> list[dict]:
             },
         }
     )
+    rules += [
+        {
+            "name": f"amlfs-{index}",
+            "properties": {
+                "priority": LUSTRE_PRIORITY + index,
+                "direction": "Inbound",
+                "access": "Allow",
+                "protocol": "Tcp",
+                "sourceAddressPrefix": prefix,
+                "sourcePortRange": "*",
+                "destinationApplicationSecurityGroups": [{"id": asg_id}],
+                "destinationPortRanges": LUSTRE_PORTS,
+                "description": "clusterbake: Azure Managed Lustre's servers connect to their clients",
+            },
+        }
+        for index, prefix in enumerate(lustre_prefixes)
+    ]
     rules.append(
         {
             "name": "deny-vnet",
@@ -127,18 +151,31 @@ def security_rules(asg_id: str, ssh_cidrs: list[str]) -> list[dict]:
 
 
 def rules_differ(current: list, desired: list[dict]) -> bool:
-    """Whether the NSG's rules (SDK models) differ from `desired` (names, priorities, sources, ports)."""
+    """Whether the NSG's rules (SDK models) differ from `desired` (names, priorities, access, protocol, sources,
+    ports)."""
 
-    def key(name, priority, source, source_groups, port):
-        return (name, priority, source or "", tuple(sorted(g.lower() for g in source_groups)), port or "")
+    def key(name, priority, access, protocol, source, sources, source_groups, port, ports):
+        return (
+            name,
+            priority,
+            access or "",
+            (protocol or "").lower(),
+            tuple(sorted(p for p in [source, *(sources or [])] if p)),
+            tuple(sorted(g.lower() for g in source_groups)),
+            tuple(sorted(p for p in [port, *(ports or [])] if p)),
+        )
 
     have = {
         key(
             r.name,
             r.priority,
+            r.access,
+            r.protocol,
             r.source_address_prefix,
+            r.source_address_prefixes,
             [g.id for g in r.source_application_security_groups or []],
             r.destination_port_range,
+            r.destination_port_ranges,
         )
         for r in current
     }
@@ -146,9 +183,13 @@ def rules_differ(current: list, desired: list[dict]) -> bool:
         key(
             r["name"],
             r["properties"]["priority"],
+            r["properties"]["access"],
+            r["properties"]["protocol"],
             r["properties"].get("sourceAddressPrefix"),
+            r["properties"].get("sourceAddressPrefixes"),
             [g["id"] for g in r["properties"].get("sourceApplicationSecurityGroups", [])],
-            r["properties"]["destinationPortRange"],
+            r["properties"].get("destinationPortRange"),
+            r["properties"].get("destinationPortRanges"),
         )
         for r in desired
     }

@@ -33,9 +33,12 @@ behind the CONNECT proxy in services.py:
   `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
   `{"<location>": {"<usage name>": limit}}`, `PUT /_twin/strict` `{"<switch>": false}` (each
   strictness of state.STRICT, on by default; `GET` shows them), `GET /_twin/state` (everything,
-  for tests), `GET /_twin/vms/<name>/custom-data` (what a VM was given), `GET|PUT /_twin/spread`
-  `{"rbac": s, "identity": s}` (replication.py: how long RBAC writes and new identities take to
-  take effect; $ARM_TWIN_RBAC_SPREAD and $ARM_TWIN_IDENTITY_SPREAD at start, default 3).
+  for tests, and `warnings`: what Azure accepts that the twin notes), `GET /_twin/amlfs` (per
+  Managed Lustre file system, each NIC address of its network: null when its servers reach it,
+  else why not: lustre.py), `GET /_twin/vms/<name>/custom-data` (what a VM was given),
+  `GET|PUT /_twin/spread` `{"rbac": s, "identity": s}` (replication.py: how long RBAC writes and
+  new identities take to take effect; $ARM_TWIN_RBAC_SPREAD and $ARM_TWIN_IDENTITY_SPREAD at
+  start, default 3).
 """
 
 from __future__ import annotations
@@ -321,8 +324,8 @@ class ArmHandler(Handler):
             state.quota = {k.lower(): dict(v) for k, v in (body or {}).items()}
             raise Reply(200, state.quota)
         if path == "/_twin/strict" and self.command == "PUT":
-            state.set_strict(body or {})
-        if path == "/_twin/strict" and self.command in ("GET", "PUT"):
+            raise Reply(200, state.set_strict(body if isinstance(body, dict) else {}))
+        if path == "/_twin/strict" and self.command == "GET":
             raise Reply(200, state.strict)
         if path == "/_twin/spread" and self.command in ("GET", "PUT"):
             spread = state.replication.spread
@@ -332,7 +335,12 @@ class ArmHandler(Handler):
                 spread[kind] = float(seconds)
             raise Reply(200, spread)
         if path == "/_twin/state" and self.command == "GET":
-            raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid})
+            raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid,
+                                                 "warnings": state.warnings()})  # fmt: skip
+        if path == "/_twin/amlfs" and self.command == "GET":
+            raise Reply(200, {fs["id"]: {"mgsAddress": fs["properties"]["clientInfo"]["mgsAddress"],
+                                         "clients": state.amlfs_clients(fs)}
+                              for fs in state.amlfs_filesystems()})  # fmt: skip
         match = re.fullmatch(r"/_twin/vms/([^/]+)/custom-data", path)
         if match and self.command == "GET":
             for vm in state.resources.values():

@@ -25,7 +25,8 @@ session of its own, logging to <twin dir>/twin.log. One process, threads:
   {"EventType": "Preempt", "NotBeforeSeconds": 30}` adds one, `DELETE` removes them all.
 
 The twin's subscription, tenant, resource group `clusterbake-twin`, virtual network,
-subnet and image are the same on every start, so a config file can name them.
+subnets (`nodes`, and `amlfs`: the next /24, for Managed Lustre file systems) and image are
+the same on every start, so a config file can name them.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ SERVICE_NETNS = "cbsvc-twin-azure"
 RESOURCE_GROUP = "clusterbake-twin"
 VNET = "clusterbake-twin"
 SUBNET = "nodes"
+AMLFS_SUBNET = "amlfs"  # a subnet of its own for Azure Managed Lustre file systems, as Microsoft recommends
 IMAGE = "clusterbake-twin-node"
 NODE_VAULT_PORT = 443
 API = {"group": "2021-04-01", "network": "2024-05-01", "compute": "2024-07-01"}
@@ -73,6 +75,12 @@ RUNNING = ("starting", "running")
 # The nodes' storage directory (nodes.TwinNodes.storage): Lustre file systems and blob containers.
 AMLFS = "amlfs"
 BLOBS = "blobs"
+
+
+def next_subnet(cidr: str) -> str:
+    """The range of the same size right after `cidr` (10.91.0.0/24 -> 10.91.1.0/24)."""
+    network = ipaddress.ip_network(cidr)
+    return str(ipaddress.ip_network((int(network.network_address) + network.num_addresses, network.prefixlen)))
 
 
 class AzureTwin:
@@ -135,7 +143,7 @@ class AzureTwin:
             raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
 
     def setup_subscription(self) -> None:
-        """The twin's resource group, virtual network and subnet, and its image: through the API."""
+        """The twin's resource group, virtual network and subnets, and its image: through the API."""
         sub = f"/subscriptions/{self.arm.state.subscription}"
         group = f"{sub}/resourceGroups/{RESOURCE_GROUP}"
         location = self.args.location
@@ -158,7 +166,8 @@ class AzureTwin:
                                 "addressPrefix": self.args.subnet_cidr,
                                 "serviceEndpoints": [{"service": "Microsoft.Storage"}],
                             },
-                        }
+                        },
+                        {"name": AMLFS_SUBNET, "properties": {"addressPrefix": next_subnet(self.args.subnet_cidr)}},
                     ],
                 },
             },
@@ -503,7 +512,8 @@ class AzureTwin:
           twin's subnet in (default action Allow, or a virtual network rule for it), as Azure requires
           before a mount succeeds (named by the account's file host);
         - a Managed Lustre file system of a subnet of the twin's network, once provisioned (named by its
-          MGS address, as `mount -t lustre <mgs>@tcp:/lustrefs` names it);
+          MGS address, as `mount -t lustre <mgs>@tcp:/lustrefs` names it), with the nodes whose NSGs keep
+          its servers out (lustre.amlfs_clients), which cannot mount it;
         - a blob container (blobfuse2's stand-in asks the blob service, which applies the account's
           network rules and the identity's role, before it binds the directory)."""
         directories: set[str] = set()
@@ -520,6 +530,8 @@ class AzureTwin:
                 endpoints[fs["properties"]["clientInfo"]["mgsAddress"]] = {
                     "dir": f"{AMLFS}/{fs['name'].lower()}",
                     "fs_name": "lustrefs",  # every AMLFS file system's name
+                    # The nodes its servers cannot reach (their NSGs): their mount fails (mount_helper.py).
+                    "refused": {a: why for a, why in state.amlfs_clients(fs).items() if why},
                 }
             directories |= {f"{BLOBS}/{account['name']}/{c['name']}" for account, c in state.blob_containers()}
         for account, share in shares:

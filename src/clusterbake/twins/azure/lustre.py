@@ -17,6 +17,20 @@ and the REST API's shapes (azure-mgmt-storagecache):
   room left for the file system's addresses. The answer's shape is Azure's:
   400 `{"filesystemSubnet": {"status": "Invalid", "message": ...}}`.
 
+Who the file system's servers reach (amlfs_clients): Azure Managed Lustre's servers open connections to
+their clients on TCP 988 and 1019-1023 ("Configure a network security group for Azure Managed Lustre",
+outbound rule 108; the prerequisites: "Your network security group must allow inbound and outbound access
+on port 988 and ports 1019-1023"). Each NIC of the file system's virtual network is asked about with the
+NSGs on the path (nsg.py, network.flow_verdict), from the file system's address; the twin's nodes cannot
+mount a file system whose servers cannot reach them (daemon.sync_storage, mount_helper.py). Strict switch
+`amlfs_nsg` (`PUT /_twin/strict`), on by default.
+
+A file system in a subnet that holds NICs is a warning, not a refusal (amlfs_warnings, in `GET
+/_twin/state`): Azure creates it (the prerequisites let an AKS cluster share the file system's subnet),
+but Microsoft's NSG guide speaks of "the unique subnet ... where the Azure Managed Lustre file system
+exists", and an older revision of the prerequisites said "Each file system you create must have its own
+unique subnet".
+
 Not emulated: Lustre itself (the twin's mount helper binds a directory: docs/twin.md),
 HSM (blob integration), customer-managed keys, root squash (kept as sent), archive jobs.
 A real file system takes 10 minutes or more to create; here `operation_seconds`.
@@ -27,7 +41,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from clusterbake.twins.azure import skus
+from clusterbake.twins.azure import nsg, skus
 from clusterbake.twins.azure.resource import ArmError
 
 SKU_STEPS = {
@@ -41,6 +55,9 @@ SUBNET_SIZES = ((16, 27), (40, 26), (92, 25), (196, 24), (400, 23))
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 TYPE = "Microsoft.StorageCache/amlFilesystems"
 LUSTRE_VERSION = "2.16"
+# The ports the servers connect to on a client; LNet connects from a privileged port, 1023 first.
+LNET_PORTS = (988, 1019, 1020, 1021, 1022, 1023)
+LNET_SOURCE_PORT = 1023
 
 
 def needed_prefix(capacity_tib: int) -> int:
@@ -191,3 +208,42 @@ class AmlfsMixin:
     def amlfs_filesystems(self) -> list[dict]:
         """Every file system that finished provisioning: what the twin's nodes may mount."""
         return [fs for fs in self._of_type(TYPE) if fs["properties"].get("provisioningState") == "Succeeded"]
+
+    def amlfs_clients(self, fs: dict) -> dict[str, str | None]:
+        """Each private address of a NIC in the file system's virtual network -> None when the file system's
+        servers can open connections to it on every Lustre port, else why not (the first port denied)."""
+        vnet_id = fs["properties"]["filesystemSubnet"].lower().rsplit("/subnets/", 1)[0]
+        server = fs["properties"]["clientInfo"]["mgsAddress"]
+        clients: dict[str, str | None] = {}
+        if vnet_id not in self.resources:  # its network's group was deleted under it: no client left
+            return clients
+        for _, config in self._network_configs(vnet_id):
+            address = config["properties"]["privateIPAddress"]
+            clients[address] = None
+            for port in LNET_PORTS if self.strict["amlfs_nsg"] else ():
+                flow = nsg.Flow(server, address, "Tcp", port, LNET_SOURCE_PORT)
+                verdict = self.flow_verdict(vnet_id, flow)
+                if not verdict.allowed:
+                    clients[address] = (
+                        f"the servers of Azure Managed Lustre {fs['name']} cannot open connections to this client: "
+                        f"{verdict.reason(flow)} (they connect to their clients on TCP 988 and 1019-1023)"
+                    )
+                    break
+        return clients
+
+    def amlfs_warnings(self) -> list[dict]:
+        """File systems whose subnet holds NICs (see the module's docstring: Azure allows it)."""
+        warnings = []
+        for fs in self._of_type(TYPE):
+            subnet = self.resources.get(fs["properties"]["filesystemSubnet"].lower())
+            configs = self.view(subnet)["properties"]["ipConfigurations"] if subnet else []
+            nics = sorted({c["id"].rsplit("/ipConfigurations/", 1)[0] for c in configs})
+            if nics:
+                message = (
+                    f"Azure Managed Lustre {fs['name']} is in subnet {fs['properties']['filesystemSubnet']}, which "
+                    f"holds {len(nics)} network interface(s) of other resources; Microsoft's NSG guidance assumes "
+                    "the file system's own subnet"
+                )
+                # The twin's own code: Azure creates such a file system without a word.
+                warnings.append({"code": "AmlfsSubnetShared", "target": fs["id"], "message": message, "nics": nics})
+        return warnings

@@ -1,12 +1,14 @@
 """Virtual networks, subnets, network security groups, application security groups and network interfaces,
 as ARM validates them.
 
-A mixin of ArmState (state.py): the store, `self._base`, `self.start` and the lock come from there."""
+A mixin of ArmState (state.py): the store, `self._base`, `self.start` and the lock come from there. What the
+NSGs let through between two addresses of a network: flow_verdict (the rules themselves: nsg.py)."""
 
 from __future__ import annotations
 
 import ipaddress
 
+from clusterbake.twins.azure import nsg
 from clusterbake.twins.azure.resource import ArmError, ResourceId, _cidr, _ref, not_found
 
 
@@ -111,15 +113,6 @@ class NetworkMixin:
         }
         return resource
 
-    DEFAULT_RULES = (
-        ("AllowVnetInBound", 65000, "Inbound", "Allow", "VirtualNetwork", "VirtualNetwork"),
-        ("AllowAzureLoadBalancerInBound", 65001, "Inbound", "Allow", "AzureLoadBalancer", "*"),
-        ("DenyAllInBound", 65500, "Inbound", "Deny", "*", "*"),
-        ("AllowVnetOutBound", 65000, "Outbound", "Allow", "VirtualNetwork", "VirtualNetwork"),
-        ("AllowInternetOutBound", 65001, "Outbound", "Allow", "*", "Internet"),
-        ("DenyAllOutBound", 65500, "Outbound", "Deny", "*", "*"),
-    )
-
     def _put_network_networksecuritygroups(self, rid, body, existing):
         resource = self._base(rid, body, existing)
         rules = []
@@ -183,24 +176,7 @@ class NetworkMixin:
             )
         resource["properties"] = {
             "securityRules": rules,
-            "defaultSecurityRules": [
-                {
-                    "name": name,
-                    "id": f"{rid}/defaultSecurityRules/{name}",
-                    "properties": {
-                        "priority": priority,
-                        "direction": direction,
-                        "access": access,
-                        "protocol": "*",
-                        "sourceAddressPrefix": source,
-                        "destinationAddressPrefix": dest,
-                        "sourcePortRange": "*",
-                        "destinationPortRange": "*",
-                        "provisioningState": "Succeeded",
-                    },
-                }
-                for name, priority, direction, access, source, dest in self.DEFAULT_RULES
-            ],
+            "defaultSecurityRules": nsg.default_rules(str(rid)),
             "resourceGuid": existing["properties"]["resourceGuid"] if existing else self.guid("nsg"),
             "provisioningState": "Succeeded",
         }
@@ -349,3 +325,53 @@ class NetworkMixin:
             if fs["properties"]["clientInfo"]["mgsAddress"] == address:
                 return fs["id"]
         return "?"
+
+    # --- what the NSGs let through (nsg.py) --------------------------------------------------------
+
+    def flow_verdict(self, vnet_id: str, flow: nsg.Flow) -> nsg.Verdict:
+        """Whether Azure's NSGs let a flow between two addresses of one virtual network through: outbound at
+        the source (its NIC's NSG, then its subnet's), inbound at the destination (its subnet's, then its
+        NIC's). An address no NIC holds (a service's, as an AMLFS's servers) is in the subnet whose range
+        holds it: only that subnet's NSG applies to it."""
+        vnet = self.resources[vnet_id.lower()]
+        scope = nsg.Scope(tuple(vnet["properties"]["addressSpace"]["addressPrefixes"]), self._asg_members(vnet_id))
+        source_subnet, source_nic = self._placed(vnet_id, flow.source)
+        outbound = nsg.evaluate((self._nsg_of(source_nic), self._nsg_of(source_subnet)), "Outbound", flow, scope)
+        if not outbound.allowed:
+            return outbound
+        subnet, nic = self._placed(vnet_id, flow.destination)
+        return nsg.evaluate((self._nsg_of(subnet), self._nsg_of(nic)), "Inbound", flow, scope)
+
+    def _network_configs(self, vnet_id: str):
+        """(NIC, IP configuration) of every NIC with an address in the virtual network."""
+        prefix = vnet_id.lower() + "/subnets/"
+        for nic in self._of_type("Microsoft.Network/networkInterfaces"):
+            for config in nic["properties"]["ipConfigurations"]:
+                if (_ref(config["properties"].get("subnet")) or "").lower().startswith(prefix):
+                    yield nic, config
+
+    def _asg_members(self, vnet_id: str) -> dict[str, frozenset[str]]:
+        members: dict[str, set[str]] = {}
+        for _, config in self._network_configs(vnet_id):
+            for group in config["properties"].get("applicationSecurityGroups") or []:
+                members.setdefault(group["id"].lower(), set()).add(config["properties"]["privateIPAddress"])
+        return {group: frozenset(addresses) for group, addresses in members.items()}
+
+    def _placed(self, vnet_id: str, address: str) -> tuple[dict | None, dict | None]:
+        """(subnet, NIC) of an address of the virtual network; NIC None for an address no NIC holds."""
+        for nic, config in self._network_configs(vnet_id):
+            if config["properties"]["privateIPAddress"] == address:
+                return self.resources.get(_ref(config["properties"]["subnet"]).lower()), nic
+        prefix = vnet_id.lower() + "/subnets/"
+        for key, subnet in self.resources.items():
+            in_network = key.startswith(prefix) and "/" not in key[len(prefix) :]
+            if in_network and ipaddress.ip_address(address) in ipaddress.ip_network(
+                subnet["properties"]["addressPrefix"]
+            ):
+                return subnet, None
+        return None, None
+
+    def _nsg_of(self, resource: dict | None) -> dict | None:
+        """The NSG a subnet or NIC is associated with, if any."""
+        ref = _ref(((resource or {}).get("properties") or {}).get("networkSecurityGroup"))
+        return self.resources.get(ref.lower()) if ref else None

@@ -26,8 +26,9 @@ Long-running operations (PUT of networks, NICs, scale sets, VMs and vaults, dele
 power actions) finish `operation_seconds` after they start; until then the resource says
 provisioningState Creating/Updating/Deleting and the operation InProgress. Test switches:
 `capacity` (size -> how many VMs of it can be allocated, and the error past that:
-AllocationFailed, ZonalAllocationFailed or SkuNotAvailable) and `quota` (location ->
-usage name -> limit).
+AllocationFailed, ZonalAllocationFailed or SkuNotAvailable), `quota` (location ->
+usage name -> limit) and `strict` (STRICT: the twin's strict behaviours, each on unless a test turns
+it off to see the lenient one).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ MEMBERS_KEY = {
 # Where the twin is as strict as Azure, each a switch (on unless a test turns it off: PUT /_twin/strict).
 STRICT = {
     "keyvault_secret_size": True,  # a secret's value over 25 KB: 400 BadParameter (SecretTooLarge)
+    "amlfs_nsg": True,  # Azure Managed Lustre's servers reach only the clients whose NSGs admit them (lustre.py)
 }
 
 
@@ -117,15 +119,6 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
         self.actor: tuple[str, str] = ("clusterbake-twin", "Application")
         # The api-version of the request being served (a VM's defaults depend on it: compute.security_profile).
         self.api_version = ""
-
-    def set_strict(self, switches: dict) -> None:
-        if (
-            not isinstance(switches, dict)
-            or set(switches) - set(STRICT)
-            or not all(isinstance(v, bool) for v in switches.values())
-        ):
-            raise ArmError(400, "InvalidParameter", f"strict switches are {sorted(STRICT)}, each true or false")
-        self.strict.update(switches)
 
     # --- persistence ------------------------------------------------------------------
 
@@ -176,6 +169,18 @@ class ArmState(NetworkMixin, ComputeMixin, GalleryMixin, StorageMixin, KeyVaultM
             for name, group in list(self.groups.items()):
                 if group["properties"]["provisioningState"] == "Deleting":
                     self._delete_group_now(name)
+
+    def set_strict(self, switches: dict) -> dict[str, bool]:
+        """`PUT /_twin/strict`: turn named strict behaviours on (true) or off (false)."""
+        unknown = sorted(set(switches) - set(STRICT))
+        if unknown or not all(isinstance(v, bool) for v in switches.values()):
+            raise ArmError(400, "InvalidRequestContent", f"strict switches are {', '.join(STRICT)}, true or false")
+        self.strict |= switches
+        return dict(self.strict)
+
+    def warnings(self) -> list[dict]:
+        """What Azure accepts but the twin notes as a likely mistake (`GET /_twin/state`'s `warnings`)."""
+        return self.amlfs_warnings()
 
     # --- ids ----------------------------------------------------------------------------
 
