@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from azuretwintest import AzureTwin, Environ
 from polling import wait_for
 from timetable import boots_cluster
 from twintest import REPO, Twin, run
+
+from clusterbake.job_report import events
 
 pytestmark = pytest.mark.integration
 CLUSTER = "ciaz"
@@ -36,6 +39,7 @@ def cluster(azure, tmp_path_factory):
     config = yaml.safe_load((REPO / "examples" / "azure-twin.yaml").read_text())
     config["cluster_name"] = CLUSTER
     config["azure"]["resource_group"] = f"{CLUSTER}-rg"
+    config["node_groups"][0]["spot"] = True  # Spot VMs (eviction policy Delete): the eviction test below
     path = tmp_path_factory.mktemp("aztwin") / f"{CLUSTER}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     cluster = Twin(azure.env, path, CLUSTER)
@@ -232,6 +236,55 @@ def test_munge_key_rotation_reaches_running_vms_and_a_vm_that_boots_later(azure,
     cluster.wait_idle({"cpu-1", "cpu-2"}, timeout=300)
     assert azure.inside(vm_id, "sha256sum /etc/munge/munge.key").stdout.split()[0] == new
     assert sorted(cluster.on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]
+
+
+def test_a_spot_eviction_mid_training_checkpoints_requeues_and_the_group_is_whole_again(azure, cluster):
+    """Azure's Preempt scheduled event (here 30 s ahead), then the Spot VM deleted as its eviction policy Delete
+    says: the node's agent drains it while the VM runs, the job checkpoints and requeues, the head's reconcile
+    loop creates the VM again at the node's address, the training resumes from its checkpoint and completes."""
+    submitted = cluster.cb(
+        "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "az-evict",
+        "--", "deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json",
+        "--steps", "40", "--checkpoint-every", "20",
+    ).stdout  # fmt: skip
+    job_id = re.search(r"submitted job (\d+)", submitted).group(1)
+    output = f"/shared/jobs/researcher/az-evict-{job_id}.out"
+
+    def log() -> str:
+        return cluster.on("head", f"cat {output} 2>/dev/null || true").stdout
+
+    wait_for("step 5", lambda: any(e["event"] == "step" and e["step"] >= 5 for e in events(log())), timeout=300)
+    old = azure.vm(f"{CLUSTER}-cpu-2")
+    azure.control(
+        "PUT", f"/vms/{CLUSTER}-cpu-2/scheduledevents", {"EventType": "Preempt", "NotBeforeSeconds": 30, "Evict": True}
+    )
+
+    def reason() -> str:
+        return cluster.on("head", "sinfo --noheader --Node --nodes cpu-2 --format=%E").stdout.strip()
+
+    wait_for("cpu-2 drained", lambda: reason().startswith("clusterbake: spot reclaim at"), timeout=30, interval=0.25)
+    assert azure.vm(f"{CLUSTER}-cpu-2")["vm_id"] == old["vm_id"], "drained only after the eviction"
+    assert "Azure spot eviction" in reason()
+
+    def finished() -> str:
+        shown = cluster.on("head", f"scontrol show job -o {job_id}", check=False).stdout
+        found = re.search(r"JobState=(\S+)", shown)
+        return found.group(1) if found and found.group(1) in ("COMPLETED", "FAILED", "CANCELLED") else ""
+
+    assert wait_for("the job done", finished, timeout=900, interval=3) == "COMPLETED"
+    text = log()
+    assert "asking for a checkpoint" in text and "checkpoint written; requeueing job" in text
+    done = [e for e in events(text) if e["event"] == "done"][-1]
+    assert done["steps"] == 40 and not done["stopped_by_signal"]
+    first_run = text.split("(restart 1)")[0]
+    last_before = max(e["step"] for e in events(first_run) if e["event"] == "step")
+    resumed = next(e for e in events(text) if e["event"] == "resumed")
+    assert last_before - resumed["step"] <= 0  # checkpointed on the notice: nothing trained twice
+    new = azure.vm(f"{CLUSTER}-cpu-2")
+    assert new["vm_id"] != old["vm_id"] and new["address"] == old["address"]
+    power_log = cluster.on("head", "cat /var/log/clusterbake/power.log").stdout
+    assert "reconcile: cpu-2 lost: started again and returned to service" in power_log
+    cluster.wait_idle({"cpu-1", "cpu-2"}, timeout=300)
 
 
 def test_cluster_down_leaves_nothing_in_the_subscription_or_on_the_host(azure, cluster):

@@ -22,7 +22,8 @@ session of its own, logging to <twin dir>/twin.log. One process, threads:
   (ArmState.snapshot, in this process);
 - a control socket for tests and the CLI (<twin dir>/control.sock, root only): `GET
   /status`; scheduled events on a VM's IMDS: `PUT /vms/<vm name>/scheduledevents
-  {"EventType": "Preempt", "NotBeforeSeconds": 30}` adds one, `DELETE` removes them all.
+  {"EventType": "Preempt", "NotBeforeSeconds": 30}` adds one (`"Evict": true`: the Spot VM is
+  evicted at NotBefore, as Azure does after its notice), `DELETE` removes them all.
 
 The twin's subscription, tenant, resource group `clusterbake-twin`, virtual network,
 subnets (`nodes`, and `amlfs`: the next /24, for Managed Lustre file systems) and image are
@@ -580,6 +581,13 @@ class AzureTwin:
                     raise ValueError(f"EventType must be one of {', '.join(EVENT_DEFAULTS)}")
                 notice, duration = EVENT_DEFAULTS[kind]
                 not_before = datetime.now(UTC) + timedelta(seconds=float(body.get("NotBeforeSeconds", notice)))
+                if body.get("Evict"):
+                    if kind != "Preempt":
+                        raise ValueError("Evict: only a Preempt event is carried out")
+                    seconds = max(0.0, (not_before - datetime.now(UTC)).total_seconds())
+                    timer = threading.Timer(seconds, self.evict, args=(names[vm.lower()],))
+                    timer.daemon = True
+                    timer.start()
                 entry["events"].append(
                     {
                         "EventId": body.get("EventId") or str(uuid.uuid4()).upper(),
@@ -597,6 +605,32 @@ class AzureTwin:
             answer = {"DocumentIncarnation": entry["incarnation"], "Events": list(entry["events"])}
         log(f"scheduled events of {vm}: {answer}")
         return answer
+
+    def evict(self, name: str) -> None:
+        """Carry out a Preempt at its NotBefore as Azure evicts a Spot VM: deleted (eviction policy Delete) or
+        deallocated (Deallocate), through the ARM fake's simulateEviction."""
+        from clusterbake.twins.azure.resource import ArmError, ResourceId
+
+        state = self.arm.state
+        with state.lock:
+            vm = next(
+                (
+                    r
+                    for r in state.resources.values()
+                    if r["type"] == "Microsoft.Compute/virtualMachines" and r["name"] == name
+                ),
+                None,
+            )
+            try:
+                if vm is not None:
+                    state.vm_action(ResourceId.parse(vm["id"]), "simulateEviction")
+            except ArmError as error:
+                log(f"evict {name}: {error.code}: {error.message}")
+                return
+        with self.lock:
+            self.events.pop(name.lower(), None)
+        self.arm.save()
+        log(f"evicted {name} at its Preempt's NotBefore")
 
     def control(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         if method == "GET" and path == "/status":
