@@ -18,10 +18,11 @@ What the twin counts (GETs under Microsoft.Compute of a resource group or the su
   `instanceView`, a scale set, a placement group);
 - `HighCostGet`: each page of a list.
 The policy names are the ones Microsoft's examples show; which operation falls in which policy and
-the allowances are the twin's own (Azure publishes neither): small enough that one read per VM of a
-20-VM cluster is refused, as such bursts are at Azure's scale, and a list of them is not. Windows
-are seconds, not Azure's 3 and 30 minutes, so a client that waits as Retry-After says goes on soon.
-Operation status polls, SKU and usage listings are not counted.
+the allowances are the twin's own placeholders (Azure publishes neither): 12 reads and 60 list
+pages per 5 seconds, small enough that one read per VM of a 13-VM cluster is refused in part, as
+such bursts are at Azure's scale of hundreds of VMs, and lists of them are not. Windows are
+seconds, not Azure's 3 and 30 minutes, so a client that waits as Retry-After says goes on soon.
+Operation status polls, SKU and usage listings are not counted (Azure counts them elsewhere).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from clusterbake.twins.azure.resource import ArmError
 
 MESSAGE = "The server rejected the request because too many requests have been received for this subscription."
 # policy -> (allowance, window in seconds): the switch's default, ON.
-DEFAULT_POLICIES = {"LowCostGet": (12, 2.0), "HighCostGet": (30, 2.0)}
+DEFAULT_POLICIES = {"LowCostGet": (12, 5.0), "HighCostGet": (60, 5.0)}
 
 
 @dataclass
