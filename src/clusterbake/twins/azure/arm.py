@@ -28,10 +28,14 @@ behind the CONNECT proxy in services.py:
   challenge (401 with `WWW-Authenticate: Bearer authorization=..., resource=...`), then
   access policies decide; secrets are versioned (a version can be listed, disabled with
   UpdateSecret, and a disabled one is refused with 403 SecretDisabled), delete is soft.
+- **Strict switches, ON**: Compute throttling (throttle.py), Azure Policy deny assignments
+  (policy.py, none until a test sets them), VM list options (compute.py `vm_list`),
+  subscription-wide lists filtered by the caller's role assignments.
 - **Test switches** (`/_twin/...`, no token needed): `PUT /_twin/capacity`
   `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
-  `{"<location>": {"<usage name>": limit}}`, `GET /_twin/state` (everything, for tests),
-  `GET /_twin/vms/<name>/custom-data` (what a VM was given).
+  `{"<location>": {"<usage name>": limit}}`, `PUT|GET /_twin/throttle` (Compute's
+  policies; `refused`), `PUT /_twin/policies` (deny assignments), `GET /_twin/state`
+  (everything, for tests), `GET /_twin/vms/<name>/custom-data` (what a VM was given).
 """
 
 from __future__ import annotations
