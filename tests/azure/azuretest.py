@@ -94,6 +94,13 @@ class Twin:
         status, body, _ = self.request("PUT", "/_twin/capacity", limits or {})
         assert status == 200, body
 
+    def throttle(self, policies: dict[str, dict] | None = None) -> dict:
+        """Compute's throttling: set `policies` ({"LowCostGet": {"limit", "seconds"}}, {}: off), None: leave
+        them; the policies and how many calls were refused since they were set."""
+        status, body, _ = self.request("GET" if policies is None else "PUT", "/_twin/throttle", policies)
+        assert status == 200, body
+        return body
+
     def set_quota(self, quota: dict[str, dict] | None) -> None:
         status, body, _ = self.request("PUT", "/_twin/quota", quota or {})
         assert status == 200, body
@@ -281,6 +288,11 @@ def subnet_id(twin: Twin, name: str) -> str:
 def storage_subnet(twin: Twin, name: str, prefix: str) -> str:
     """A subnet of the existing network with the Microsoft.Storage service endpoint (what the cluster's storage
     accounts admit): its id."""
+    return new_subnet(twin, name, prefix, [{"service": "Microsoft.Storage"}])
+
+
+def new_subnet(twin: Twin, name: str, prefix: str, service_endpoints: list[dict] | None = None) -> str:
+    """A subnet of the existing network (a cluster's own, so no other test's addresses are in it): its id."""
     from azure.identity import DefaultAzureCredential
     from azure.mgmt.network import NetworkManagementClient
 
@@ -290,7 +302,7 @@ def storage_subnet(twin: Twin, name: str, prefix: str) -> str:
             NET_GROUP,
             VNET,
             name,
-            {"properties": {"addressPrefix": prefix, "serviceEndpoints": [{"service": "Microsoft.Storage"}]}},
+            {"properties": {"addressPrefix": prefix, "serviceEndpoints": service_endpoints or []}},
         ).result()
     return subnet_id(twin, name)
 

@@ -3,6 +3,7 @@ and Azure's rules (raw HTTPS requests, so the wire format itself is checked, not
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -139,6 +140,24 @@ def test_network_rules(twin, token, group):
     status, body, headers = nic("n2", privateIPAllocationMethod="Dynamic")
     assert body["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] == "10.70.0.4"
     _wait(twin, token, headers)
+    # The subnet names its IP configurations (ids only); the network says which addresses are free.
+    _, subnet, _ = twin.request("GET", f"{subnet_id}?{V}", token=token)
+    assert {c["id"].lower() for c in subnet["properties"]["ipConfigurations"]} >= {
+        f"{base}/networkInterfaces/{n}/ipConfigurations/ipconfig1".lower() for n in ("n1", "n2")
+    }
+    assert all(set(c) == {"id"} for c in subnet["properties"]["ipConfigurations"])
+    check = f"{_rg(twin, NET_GROUP)}/providers/Microsoft.Network/virtualNetworks/{VNET}/checkIPAddressAvailability"
+    for address, answer in (
+        ("10.70.0.200", {"available": False, "isPlatformReserved": False}),
+        ("10.70.0.201", {"available": True, "isPlatformReserved": False}),
+        ("10.70.0.1", {"available": False, "isPlatformReserved": True}),
+    ):
+        status, body, _ = twin.request("GET", f"{check}?{V}&ipAddress={address}", token=token)
+        assert status == 200 and {k: body[k] for k in answer} == answer, body
+    _, body, _ = twin.request("GET", f"{check}?{V}&ipAddress=10.70.0.200", token=token)
+    assert body["availableIPAddresses"] and "10.70.0.200" not in body["availableIPAddresses"]
+    status, body, _ = twin.request("GET", f"{check}?{V}&ipAddress=10.99.0.1", token=token)
+    assert (status, body["error"]["code"]) == (400, "InvalidParameter")
     # The subnet cannot go while NICs use it.
     status, body, _ = twin.request("DELETE", f"{subnet_id}?{V}", token=token)
     assert (status, body["error"]["code"]) == (400, "InUseSubnetCannotBeDeleted")
@@ -245,6 +264,137 @@ def test_vm_rules_quota_capacity_and_power(own_twin):
     _wait(twin, token, headers)
     left = [k for k in twin.state()["resources"] if "/resourcegroups/vm-rg/" in k]
     assert left == []
+
+
+@pytest.fixture(scope="module")
+def reads(twin, token):
+    """One VM in a Flexible scale set and one alone, in a group of their own: (providers URL, scale set id)."""
+    twin.request("PUT", f"{_rg(twin, 'reads-rg')}?{V}", {"location": LOCATION}, token)
+    base = f"{_rg(twin, 'reads-rg')}/providers"
+    props = {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1}
+    _, scale_set, headers = twin.request(
+        "PUT", f"{base}/Microsoft.Compute/virtualMachineScaleSets/readsset?{V}",
+        {"location": LOCATION, "properties": props}, token,
+    )  # fmt: skip
+    _wait(twin, token, headers)
+    arm = RawArm(twin, "reads-rg", token)
+    for name, more in (("readsone", {"virtualMachineScaleSet": {"id": scale_set["id"]}}), ("readstwo", {})):
+        status, body, headers = arm.vm(name, "Standard_D2s_v5", arm.nic(name), **more)
+        assert status == 201, body
+        _wait(twin, token, headers)
+    yield base, scale_set["id"]
+    _wait(twin, token, twin.request("DELETE", f"{_rg(twin, 'reads-rg')}?{V}", token=token)[2])
+
+
+def test_vm_lists_answer_as_arm_does(twin, token, reads):
+    """VirtualMachines List: `$expand=instanceView` only with a scale set `$filter` (BadRequest without, as
+    Azure answers it); ListAll `statusOnly=true`: the run time status of every VM, little else."""
+    base, scale_set = reads
+    vms = f"{base}/Microsoft.Compute/virtualMachines?{V}"
+    status, body, _ = twin.request("GET", f"{vms}&$expand=instanceView", token=token)
+    assert (status, body["error"]["code"]) == (400, "BadRequest")
+    assert "only supported when Virtual Machine Scale Set resource filter is applied" in body["error"]["message"]
+    query = f"$filter=virtualMachineScaleSet/id%20eq%20'{scale_set}'&$expand=instanceView"
+    status, body, _ = twin.request("GET", f"{vms}&{query}", token=token)
+    assert status == 200 and [v["name"] for v in body["value"]] == ["readsone"]
+    assert "PowerState/running" in [s["code"] for s in body["value"][0]["properties"]["instanceView"]["statuses"]]
+    status, body, _ = twin.request("GET", f"{vms}&$filter=name%20eq%20'readsone'", token=token)
+    assert (status, body["error"]["code"]) == (400, "InvalidParameter")
+    found, path = [], f"{_sub(twin)}/providers/Microsoft.Compute/virtualMachines?{V}&statusOnly=true"
+    while path:
+        status, body, _ = twin.request("GET", path, token=token)
+        assert status == 200, body
+        found += body["value"]
+        path = body.get("nextLink", "").removeprefix(twin.url) or None
+    two = next(v for v in found if v["name"] == "readstwo")
+    assert set(two) == {"id", "name", "type", "location", "properties"} and set(two["properties"]) == {"instanceView"}
+    assert "PowerState/running" in [s["code"] for s in two["properties"]["instanceView"]["statuses"]]
+
+
+def test_compute_throttles_a_burst_of_vm_reads_not_a_list(twin, token, reads):
+    """Microsoft's "Troubleshooting API throttling errors": past a policy's allowance, 429 with Retry-After and
+    OperationNotAllowed / TooManyRequests; every answer says what is left (x-ms-ratelimit-remaining-resource)."""
+    base, _ = reads
+    defaults = twin.throttle()["policies"]
+    assert defaults["LowCostGet"]["limit"] < 20  # ON by default: a read per VM of 20 VMs is refused in part
+    view = f"{base}/Microsoft.Compute/virtualMachines/readstwo/instanceView?{V}"
+    twin.throttle(defaults)  # a fresh window
+    try:
+        answers = [twin.request("GET", view, token=token) for _ in range(20)]
+        limit = defaults["LowCostGet"]["limit"]
+        assert [status for status, _, _ in answers] == [200] * limit + [429] * (20 - limit)
+        assert answers[0][2]["x-ms-ratelimit-remaining-resource"] == f"Microsoft.Compute/LowCostGet;{limit - 1}"
+        status, body, headers = answers[limit]
+        assert 1 <= int(headers["Retry-After"]) <= defaults["LowCostGet"]["seconds"]
+        assert headers["x-ms-ratelimit-remaining-resource"] == "Microsoft.Compute/LowCostGet;0"
+        error = body["error"]
+        assert error["code"] == "OperationNotAllowed" and "too many requests have been received" in error["message"]
+        (detail,) = error["details"]
+        assert (detail["code"], detail["target"]) == ("TooManyRequests", "LowCostGet")
+        counts = json.loads(detail["message"])
+        assert (counts["allowedRequestCount"], counts["measuredRequestCount"]) == (limit, limit + 1)
+        # A list of the same VMs is another policy, with room left.
+        status, body, headers = twin.request("GET", f"{base}/Microsoft.Compute/virtualMachines?{V}", token=token)
+        assert status == 200 and headers["x-ms-ratelimit-remaining-resource"].startswith("Microsoft.Compute/HighCost")
+        assert twin.throttle()["refused"] == 20 - limit
+        # After Retry-After, reads are answered again.
+        twin.throttle({"LowCostGet": {"limit": 1, "seconds": 1}})
+        assert twin.request("GET", view, token=token)[0] == 200
+        status, _, headers = twin.request("GET", view, token=token)
+        assert (status, headers["Retry-After"]) == (429, "1")
+        time.sleep(1)
+        assert twin.request("GET", view, token=token)[0] == 200
+        status, body, _ = twin.request("PUT", "/_twin/throttle", {"GetVM": {"limit": 1, "seconds": 1}})
+        assert (status, body["error"]["code"]) == (400, "InvalidParameter")
+    finally:
+        twin.throttle(defaults)
+
+
+def test_a_deny_assignment_refuses_the_write_as_azure_policy_does(twin, token, group):
+    """Microsoft's "Resolve errors for request disallowed by policy", in the shape Azure gives it."""
+    account = f"{_rg(twin, group)}/providers/Microsoft.Storage/storageAccounts/twinpolicyacct?api-version=2023-05-01"
+    body = {"location": LOCATION, "kind": "StorageV2", "sku": {"name": "Standard_LRS"},
+            "properties": {"supportsHttpsTrafficOnly": False}}  # fmt: skip
+    deny = {
+        "name": "deny-http-storage",
+        "displayName": "Secure transfer to storage accounts should be enabled",
+        "definition": "404c3081-a854-4457-ae30-26a93ef643f9",
+        "scope": _rg(twin, group),
+        "resourceType": "Microsoft.Storage/storageAccounts",
+        "field": "properties.supportsHttpsTrafficOnly",
+        "equals": False,
+    }
+    status, answer, _ = twin.request("PUT", "/_twin/policies", [deny])
+    assert status == 200, answer
+    try:
+        status, answer, _ = twin.request("PUT", account, body, token)
+        assert status == 403, answer
+        error = answer["error"]
+        assert (error["code"], error["target"]) == ("RequestDisallowedByPolicy", "twinpolicyacct")
+        assert error["message"].startswith("Resource 'twinpolicyacct' was disallowed by policy. Policy identifiers: '")
+        (violation,) = error["additionalInfo"]
+        info = violation["info"]
+        assert violation["type"] == "PolicyViolation" and info["policyDefinitionEffect"] == "Deny"
+        assert (
+            info["policyDefinitionId"] == "/providers/Microsoft.Authorization/policyDefinitions/" + deny["definition"]
+        )
+        assert info["policyAssignmentScope"] == deny["scope"]
+        assert info["policyAssignmentId"].endswith(
+            "/providers/Microsoft.Authorization/policyAssignments/deny-http-storage"
+        )
+        (field,) = [e for e in info["evaluationDetails"]["evaluatedExpressions"] if e["path"] != "type"]
+        assert (field["path"], field["expressionValue"]) == ("properties.supportsHttpsTrafficOnly", False)
+        assert twin.request("GET", account, token=token)[0] == 404  # nothing was made
+        # What the condition does not cover goes through; `notEquals` also refuses a field left out.
+        assert twin.request("PUT", account, body | {"properties": {}}, token)[0] in (200, 201, 202)
+        must = {k: v for k, v in deny.items() if k != "equals"} | {"name": "must", "notEquals": True}
+        assert twin.request("PUT", "/_twin/policies", [must])[0] == 200
+        assert twin.request("PUT", account, body | {"properties": {}}, token)[0] == 403
+        status, answer, _ = twin.request("PATCH", account, {"properties": {"supportsHttpsTrafficOnly": True}}, token)
+        assert status == 200, answer
+    finally:
+        twin.request("PUT", "/_twin/policies", [])
+        twin.request("DELETE", account, token=token)
 
 
 def test_key_vault_soft_delete_and_data_plane_access(own_twin):

@@ -224,6 +224,24 @@ def test_the_program_makes_and_deletes_a_node_with_the_heads_identity(elastic, t
     assert not any(r["name"] == f"{CLUSTER}-cpu-2-nic" for r in twin.state()["resources"].values())
 
 
+def test_the_program_waits_out_compute_throttling_as_retry_after_says(elastic, tmp_path, monkeypatch):
+    """Review D10: ARM answers 429 with Retry-After past Compute's allowance; the program lists VMs (one
+    policy) and waits as told rather than failing the resume."""
+    twin = elastic["twin"]
+    _, backend = _program_backend(elastic, tmp_path, monkeypatch)
+    waits: list[float] = []
+    backend.sleep = lambda seconds: (waits.append(seconds), __import__("time").sleep(seconds))
+    defaults = twin.throttle()["policies"]
+    twin.throttle({"HighCostGet": {"limit": 1, "seconds": 1}})
+    try:
+        first, second = backend.running(), backend.running()
+        refused = twin.throttle()["refused"]
+    finally:
+        twin.throttle(defaults)
+    assert first == second == {"cpu-1"}
+    assert refused >= 1 and waits and waits[0] == 1.0  # Retry-After, as ARM said it
+
+
 def test_the_heads_identity_cannot_rewrite_or_delete_the_heads_own_vm(elastic, tmp_path, monkeypatch):
     """Security review finding 2: the power role was assigned at the cluster's resource group, so the head's
     identity (which the head's SlurmUser reaches) could PATCH the head's own VM with userData that grants

@@ -12,9 +12,11 @@ Azure CLI's login. TLS: the SDK's (requests') verification, with its standard
 REQUESTS_CA_BUNDLE; proxies from HTTPS_PROXY / NO_PROXY.
 
 Long-running operations poll as ARM's Retry-After says (azure-core's default otherwise).
-Throttling (429) and transient 5xx are retried by azure-core's RetryPolicy with
-exponential backoff; every other error reaches the caller at once (AllocationFailed must
-reach the group's rollback, not be retried).
+Throttling (429) and transient 5xx are retried by azure-core's RetryPolicy, waiting as
+Retry-After says (Compute's throttling answers say how long), else with exponential backoff;
+every other error reaches the caller at once (AllocationFailed must reach the group's rollback,
+not be retried). An Azure Policy denial is said plainly: the assignment, the property it
+refused, why the cluster needs it, what to do (policy.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from clusterbake.errors import ClusterbakeError
+from clusterbake.providers.azure import policy
 
 ARM_ENDPOINT_ENV = "AZURE_RESOURCE_MANAGER_ENDPOINT"
 PUBLIC_ARM = "https://management.azure.com"
@@ -123,7 +126,15 @@ def get_or_none(operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
         raise
 
 
+def listed(operation: Callable[..., Any], *args: Any, **kwargs: Any) -> list:
+    """Every item of a paged listing, or none when its scope (a resource group) does not exist."""
+    return get_or_none(lambda: list(operation(*args, **kwargs))) or []
+
+
 def message(exc: BaseException) -> str:
+    denial = policy.explain(exc)  # an Azure Policy deny: which assignment, what the cluster needed, what to do
+    if denial is not None:
+        return denial
     error = getattr(exc, "error", None)
     if error is not None and getattr(error, "code", None):
         return f"{error.code}: {error.message}"

@@ -36,6 +36,7 @@ from clusterbake.providers.azure import (
     prices,
     resources,
     storage,
+    subnet_addresses,
     tags,
     teardown,
 )
@@ -113,15 +114,26 @@ class AzureProvider(CloudProvider):
             self.config.cluster_name, self.azure.subscription_id, self.azure.resource_group
         )
 
-    def _addresses_in_use(self) -> set[str]:
-        """Private addresses of every NIC in the subnet (other clusters', anyone's): a paged listing."""
-        subnet = self.subnet.id.lower()
-        return {
-            config.private_ip_address
-            for nic in self.clients.network.network_interfaces.list_all()
-            for config in nic.ip_configurations or []
-            if config.subnet is not None and (config.subnet.id or "").lower() == subnet and config.private_ip_address
-        }
+    def _free_addresses(self, machines: dict[str, Machine]) -> dict[str, str]:
+        """Every planned node's address (addresses()), none that another resource of the subnet holds
+        (subnet_addresses: its IP configurations'; those this caller cannot read are asked about)."""
+        network, subnet = self.clients.network, self.subnet.id
+        held = subnet_addresses.held(network, subnet)
+        in_use = set(held.addresses)
+        addresses = self.addresses(machines, in_use=in_use)
+        if not held.unread:
+            return addresses
+        say(f"    {len(held.unread)} IP configuration(s) of the subnet not readable here (another resource "
+            "group's): asking the virtual network which addresses are free")  # fmt: skip
+        asked = {m.address for m in machines.values()}  # ours: held by the cluster's own NICs
+        while new := sorted(set(addresses.values()) - asked):
+            asked |= set(new)
+            taken = subnet_addresses.taken(network, subnet, new)
+            if not taken:
+                break
+            in_use |= taken
+            addresses = self.addresses(machines, in_use=in_use)
+        return addresses
 
     @property
     def subnet_cidr(self) -> str:
@@ -130,7 +142,7 @@ class AzureProvider(CloudProvider):
     # --- discovery ------------------------------------------------------------------------
 
     def machines(self, power: bool = False) -> dict[str, Machine]:
-        """The cluster's VMs by node name (`power`: each one's power state, an instance view call each)."""
+        """The cluster's VMs by node name (`power`: each one's power state; a few list calls, discover.py)."""
         return discover.machines_of(self.cluster_vms(power=power))
 
     def cluster_vms(self, power: bool = False) -> dict[str, dict]:
@@ -190,7 +202,7 @@ class AzureProvider(CloudProvider):
         for group in self.config.node_groups:
             placement[group.name] = self._ensure_group_placement(group)
         existing = self.cluster_vms()
-        addresses = self.addresses(discover.machines_of(existing), in_use=self._addresses_in_use())
+        addresses = self._free_addresses(discover.machines_of(existing))
         planned = self.planned()
         static = [n for n in planned if not n.elastic]
         extra = sorted(set(existing) - {n.name for n in planned})

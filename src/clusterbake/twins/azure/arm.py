@@ -29,16 +29,20 @@ behind the CONNECT proxy in services.py:
   access policies decide; secrets are versioned (a version can be listed, disabled with
   UpdateSecret, and a disabled one is refused with 403 SecretDisabled), delete is soft; a
   value over 25 KB is refused (400 BadParameter, SecretTooLarge) while that strict switch is on.
+- **Strict behaviours, ON**: Compute throttling (throttle.py), Azure Policy deny assignments
+  (policy.py, none until a test sets them), VM list options (compute.py `vm_list`),
+  subscription-wide lists filtered by the caller's role assignments; and the switches below.
 - **Test switches** (`/_twin/...`, no token needed): `PUT /_twin/capacity`
   `{"<size>": {"limit": n, "code": "AllocationFailed"}}`, `PUT /_twin/quota`
   `{"<location>": {"<usage name>": limit}}`, `PUT /_twin/strict` `{"<switch>": false}` (each
-  strictness of state.STRICT, on by default; `GET` shows them), `GET /_twin/state` (everything,
-  for tests, and `warnings`: what Azure accepts that the twin notes), `GET /_twin/amlfs` (per
-  Managed Lustre file system, each NIC address of its network: null when its servers reach it,
-  else why not: lustre.py), `GET /_twin/vms/<name>/custom-data` (what a VM was given),
-  `GET|PUT /_twin/spread` `{"rbac": s, "identity": s}` (replication.py: how long RBAC writes and
-  new identities take to take effect; $ARM_TWIN_RBAC_SPREAD and $ARM_TWIN_IDENTITY_SPREAD at
-  start, default 3).
+  strictness of state.STRICT, on by default; `GET` shows them), `PUT|GET /_twin/throttle`
+  (Compute's policies; `refused`), `PUT /_twin/policies` (deny assignments), `GET /_twin/state`
+  (everything, for tests, and `warnings`: what Azure accepts that the twin notes), `GET
+  /_twin/amlfs` (per Managed Lustre file system, each NIC address of its network: null when its
+  servers reach it, else why not: lustre.py), `GET /_twin/vms/<name>/custom-data` (what a VM was
+  given), `GET|PUT /_twin/spread` `{"rbac": s, "identity": s}` (replication.py: how long RBAC
+  writes and new identities take to take effect; $ARM_TWIN_RBAC_SPREAD and
+  $ARM_TWIN_IDENTITY_SPREAD at start, default 3).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
 
-from clusterbake.twins.azure import api_versions, rbac, skus
+from clusterbake.twins.azure import api_versions, policy, rbac, skus, throttle
 from clusterbake.twins.azure.handler import ARM_AUDIENCE, AUDIENCES, STORAGE_AUDIENCE, VAULT_AUDIENCE, Handler, Reply  # noqa: F401
 from clusterbake.twins.azure.services import (  # noqa: F401
     BlobHandler,
@@ -105,6 +109,8 @@ class Twin:
         self.state_file = directory / "state.json"
         self.base_url = ""  # set once listening
         self.blob_root: Path | None = None  # where the blob containers' files are (the twin's node storage)
+        self.throttle = throttle.Throttle.of(throttle.DEFAULT_POLICIES)  # Compute's, ON (PUT /_twin/throttle)
+        self.policies: list[dict] = []  # Azure Policy deny assignments a test set (PUT /_twin/policies)
 
     def boot_diagnostics(self, vm: dict, query: dict) -> dict:
         """retrieveBootDiagnosticsData: SAS URIs of the VM's serial console log and screenshot in
@@ -218,12 +224,13 @@ class ArmHandler(Handler):
                 f"The api-version '{version}' is invalid. The supported versions are dates such as '2024-07-01'.",
             )
         self.claims = self.twin.verify(self.headers.get("Authorization"), ARM_AUDIENCE)
-        controller = self.claims["oid"] == self.twin.controller_oid
+        self.controller = controller = self.claims["oid"] == self.twin.controller_oid
         if not controller:
             self.authorize(path, body)  # a managed identity: its role assignments decide (rbac.py)
         state.actor = (self.claims["appid"], "Application" if controller else "ManagedIdentity")
         parts = [p for p in path.split("/") if p]
         lower = [p.lower() for p in parts]
+        self.answer_headers |= self.twin.throttle.charge(throttle.policy_of(self.command, parts))
         if len(parts) < 2 or lower[0] != "subscriptions":
             raise ArmError(404, "InvalidResourceType", f"The resource path '{path}' is not known to this twin.")
         subscription = parts[1]
@@ -334,6 +341,19 @@ class ArmHandler(Handler):
                     raise ArmError(400, "InvalidRequestContent", f"spread: {kind!r} must be rbac or identity, >= 0 s")
                 spread[kind] = float(seconds)
             raise Reply(200, spread)
+        if path == "/_twin/throttle" and self.command == "PUT":
+            unknown = sorted(set(body or {}) - set(throttle.DEFAULT_POLICIES))
+            if unknown:
+                raise ArmError(400, "InvalidParameter", f"no Compute policy {unknown} (the twin counts "
+                               f"{', '.join(throttle.DEFAULT_POLICIES)})")  # fmt: skip
+            policies = {name: (p["limit"], p["seconds"]) for name, p in (body or {}).items()}
+            self.twin.throttle = throttle.Throttle.of(policies)
+            raise Reply(200, self.twin.throttle.settings())
+        if path == "/_twin/throttle" and self.command == "GET":
+            raise Reply(200, self.twin.throttle.settings())
+        if path == "/_twin/policies" and self.command == "PUT":
+            self.twin.policies = policy.validated(body or [], state.subscription)
+            raise Reply(200, self.twin.policies)
         if path == "/_twin/state" and self.command == "GET":
             raise Reply(200, state.snapshot() | {"controller_oid": self.twin.controller_oid,
                                                  "warnings": state.warnings()})  # fmt: skip
@@ -442,6 +462,18 @@ class ArmHandler(Handler):
             self.resource_route(subscription, name, rest[3:], query, body)
         raise ArmError(404, "InvalidResourceType", f"The resource path '{self.path}' is not known to this twin.")
 
+    def listing(self, subscription: str, group: str | None, type_key: str, query: dict) -> list[dict]:
+        """A collection GET: the resources of a type in the group (None: the subscription). A subscription-wide
+        list answers only what the caller may read (ARM filters it by their role assignments, where a
+        group's list needs read on the group); VMs with List's query options (compute.vm_list)."""
+        state = self.twin.state
+        items = state.list(subscription, group, type_key)
+        if group is None and not self.controller:
+            items = [i for i in items if state.allowed(self.claims["oid"], f"{i['type']}/read", i["id"])]
+        if type_key == "microsoft.compute/virtualmachines":
+            items = state.vm_list(items, query)
+        return items
+
     def list_resources(self, subscription, group, query) -> None:
         text = query.get("$filter")
         tag = _tag_filter(text)
@@ -463,7 +495,7 @@ class ArmHandler(Handler):
             if len(tail) == 1:  # a collection of top-level resources
                 if self.command != "GET":
                     raise ArmError(405, "MethodNotAllowed", f"{self.command} on a collection")
-                self.page(state.list(subscription, group, f"{namespace}/{tail[0]}".lower()), query)
+                self.page(self.listing(subscription, group, f"{namespace}/{tail[0]}".lower(), query), query)
             # a child collection or an action on a resource
             parent = ResourceId(subscription, group, namespace, tail[:-1][0::2], tail[:-1][1::2])
             last = tail[-1]
@@ -480,6 +512,13 @@ class ArmHandler(Handler):
                 if op is None:
                     raise Reply(200 if last.lower() != "simulateeviction" else 204)
                 self.lro(202, None, op, version)
+            if (
+                parent_type == "microsoft.network/virtualnetworks"
+                and last.lower() == "checkipaddressavailability"
+                and self.command == "GET"
+            ):
+                vnet = state.get(parent)
+                raise Reply(200, state.check_ip_address_availability(vnet, query.get("ipAddress")))
             if parent_type == "microsoft.compute/virtualmachines" and last.lower() == "instanceview":
                 vm = state.get(parent)
                 raise Reply(200, state.instance_view(state.resources[parent.key]) if vm else None)
@@ -497,6 +536,7 @@ class ArmHandler(Handler):
                 resource = state.view(state.resources[rid.key], expand_instance_view=True)
             raise Reply(200, resource)
         if self.command == "PUT":
+            policy.check(self.twin.policies, rid, body if isinstance(body, dict) else {})
             status, resource, op = state.put(rid, body)
             if op is not None and rid.type_key == "microsoft.storage/storageaccounts":
                 # The storage provider answers a create with 202 and no body (its SDK accepts 200 or 202).
@@ -506,6 +546,7 @@ class ArmHandler(Handler):
             existing = state.get(rid)
             merged = {**existing, **{k: v for k, v in body.items() if k != "properties"}}
             merged["properties"] = {**existing.get("properties", {}), **(body.get("properties") or {})}
+            policy.check(self.twin.policies, rid, merged)
             status, resource, op = state.put(rid, merged)
             self.lro(200, resource, op, version)
         if self.command == "DELETE":
@@ -569,11 +610,7 @@ class ArmHandler(Handler):
         if namespace == "microsoft.keyvault" and tail_lower == ["deletedvaults"]:
             self.page([_public(v) for _, v in sorted(state.deleted_vaults.items())], query)
         if len(tail) == 1 and self.command == "GET":  # every resource of a type in the subscription
-            type_key = f"{namespace}/{tail_lower[0]}"
-            items = state.list(subscription, None, type_key)
-            if type_key == "microsoft.compute/virtualmachines" and query.get("statusOnly") == "true":
-                items = [state.view(state.resources[i["id"].lower()], expand_instance_view=True) for i in items]
-            self.page(items, query)
+            self.page(self.listing(subscription, None, f"{namespace}/{tail_lower[0]}", query), query)
         raise ArmError(404, "InvalidResourceType", f"The resource path '{self.path}' is not known to this twin.")
 
 

@@ -1,5 +1,6 @@
 """Proximity placement groups, scale sets, virtual machines (size, zone, quota, NICs, image, spot,
-identities, OS disk), power actions, the instance view and usages; user-assigned identities.
+identities, OS disk), power actions, the instance view, list query options and usages; user-assigned
+identities.
 
 A mixin of ArmState (state.py): the store, `self._base`, `self.start` and the lock come from there."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 
 from clusterbake.twins.azure import skus, vm_rules
 from clusterbake.twins.azure.resource import (
@@ -500,6 +502,39 @@ class ComputeMixin:
         if vm.get("zones"):
             view["zone"] = vm["zones"][0]  # not in the real view; harmless extra
         return view
+
+    def vm_list(self, vms: list[dict], query: dict) -> list[dict]:
+        """VirtualMachines List / ListAll's query options on `vms` (what the caller may read, as ARM returns them):
+        `$filter` only `virtualMachineScaleSet/id eq '<id>'`; `$expand=instanceView` only with that filter
+        (as documented, and answered BadRequest without it); `statusOnly=true` the run time status of each
+        VM and little else (the Go SDK's users report tags and network profiles missing: the twin returns
+        id, name, type, location and the instance view alone, the strict reading)."""
+        text = query.get("$filter")
+        if text is not None:
+            match = re.fullmatch(r"\s*'?virtualMachineScaleSet/id'?\s+eq\s+'([^']+)'\s*", text, re.IGNORECASE)
+            if match is None:
+                raise ArmError(400, "InvalidParameter", f"The value '{text}' of parameter '$filter' is not valid.",
+                               "$filter")  # fmt: skip
+            scale_set = match.group(1).lower()
+            vms = [v for v in vms if (_ref(v["properties"].get("virtualMachineScaleSet")) or "").lower() == scale_set]
+        expand = query.get("$expand")
+        if expand is not None:
+            if expand.lower() != "instanceview":
+                raise ArmError(400, "InvalidParameter", f"The value '{expand}' of parameter '$expand' is not valid.",
+                               "$expand")  # fmt: skip
+            if text is None:
+                raise ArmError(
+                    400, "BadRequest", "Expand Instance View is only supported when Virtual Machine Scale Set "
+                    "resource filter is applied"
+                )  # fmt: skip
+            return [self.view(self.resources[v["id"].lower()], expand_instance_view=True) for v in vms]
+        if query.get("statusOnly") == "true":
+            return [
+                {k: v[k] for k in ("id", "name", "type", "location")}
+                | {"properties": {"instanceView": self.instance_view(self.resources[v["id"].lower()])}}
+                for v in vms
+            ]
+        return vms
 
     def vm_action(self, rid: ResourceId, action: str) -> Operation | None:
         vm = self.resources.get(rid.key)

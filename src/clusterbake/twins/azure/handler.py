@@ -77,6 +77,7 @@ class Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         mutating = self.command in ("PUT", "DELETE", "POST", "PATCH")
+        self.answer_headers: dict[str, str] = {}  # what every answer to this request carries (rate limits)
         try:
             body = self._body() if self.command in ("PUT", "POST", "PATCH") else {}
             with self.twin.state.lock:
@@ -86,10 +87,11 @@ class Handler(BaseHTTPRequestHandler):
             if mutating or reply.headers.get("Azure-AsyncOperation"):
                 with self.twin.state.lock:
                     self.twin.save()
-            self._send(reply.status, reply.body, reply.headers)
+            self._send(reply.status, reply.body, self.answer_headers | reply.headers)
         except ArmError as error:
-            headers = {"x-ms-failure-cause": "gateway"} if error.status == 401 else {}
+            headers = self.answer_headers | error.headers
             if error.status == 401:
+                headers["x-ms-failure-cause"] = "gateway"
                 headers["WWW-Authenticate"] = (
                     f'Bearer authorization_uri="https://login.microsoftonline.com/{self.twin.state.tenant}", '
                     'error="invalid_token"'

@@ -313,6 +313,34 @@ class NetworkMixin:
             resource["properties"]["virtualMachine"] = existing["properties"]["virtualMachine"]
         return resource
 
+    def check_ip_address_availability(self, vnet: dict, address: str | None) -> dict:
+        """Virtual Networks - Check IP Address Availability: whether `address` of one of the network's subnets is
+        free (IPAddressAvailabilityResult: available, availableIPAddresses when taken, isPlatformReserved).
+        Whoever holds it (a NIC in any resource group, a file system) makes it unavailable. An address
+        outside every subnet is refused (InvalidParameter: the twin's strict reading, undocumented)."""
+        try:
+            ip = ipaddress.ip_address(address or "")
+        except ValueError:
+            raise ArmError(400, "InvalidParameter", f"'{address}' is not an IP address.", "ipAddress") from None
+        for key in sorted(k for k in self.resources if k.startswith(vnet["id"].lower() + "/subnets/")):
+            subnet = self.resources[key]
+            network = ipaddress.ip_network(subnet["properties"]["addressPrefix"])
+            if ip not in network:
+                continue
+            hosts = list(network.hosts())
+            reserved = {str(a) for a in hosts[:3]} | {str(network.network_address), str(network.broadcast_address)}
+            if str(ip) in reserved:
+                return {"available": False, "isPlatformReserved": True}
+            in_use = self._addresses_in_use(subnet["id"])
+            if str(ip) not in in_use:
+                return {"available": True, "isPlatformReserved": False}
+            free = [str(a) for a in hosts if str(a) not in reserved and str(a) not in in_use][:5]
+            return {"available": False, "availableIPAddresses": free, "isPlatformReserved": False}
+        raise ArmError(
+            400, "InvalidParameter", f"IP address {ip} is not in any subnet of virtual network {vnet['name']}.",
+            "ipAddress",
+        )  # fmt: skip
+
     def _owner_of(self, subnet_id: str, address: str) -> str:
         for nic in self._of_type("Microsoft.Network/networkInterfaces"):
             for c in nic["properties"]["ipConfigurations"]:

@@ -356,7 +356,8 @@ def required(method: str, path: str, body) -> tuple[str, str, list[tuple[str, st
             return f"{namespace}/{types[0]}/read", group_scope, []
         last = tail[-1]
         types, names = tail[:-1][0::2], tail[:-1][1::2]
-        action = "instanceView/read" if last.lower() == "instanceview" else f"{last}/action"
+        # A GET below a resource reads (its instanceView, a child list, checkIPAddressAvailability); others act.
+        action = f"{last}/read" if method == "GET" else f"{last}/action"
     scope = "/" + "/".join(parts[:6] + [x for pair in zip(types, names, strict=True) for x in pair])
     kind = "/".join([namespace, *types])
     if action is not None:

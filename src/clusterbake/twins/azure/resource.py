@@ -118,6 +118,8 @@ class ArmError(Exception):
         super().__init__(message)
         self.status, self.code, self.message, self.target = status, code, message, target
         self.custom_body: dict | None = None  # an API whose errors are not ARM's shape (checkAmlFSSubnets)
+        self.extra: dict = {}  # more members of the error object: details, additionalInfo
+        self.headers: dict[str, str] = {}  # of the answer: Retry-After, ...
 
     def body(self) -> dict:
         if self.custom_body is not None:
@@ -125,7 +127,7 @@ class ArmError(Exception):
         error = {"code": self.code, "message": self.message}
         if self.target:
             error["target"] = self.target
-        return {"error": error}
+        return {"error": error | self.extra}
 
 
 def not_found(rid: str, kind: str) -> ArmError:
