@@ -251,14 +251,14 @@ def test_a_private_subnet_needs_a_way_out_before_anything_is_created(twin, tmp_p
     from clusterbake.errors import ConfigError
     from clusterbake.providers.azure import checks
 
-    closed = private_subnet(twin, "private", "10.70.20.0/24")
+    closed = private_subnet(twin, "private", "10.70.50.0/24")
     config = example_config(twin, cluster_name="chkprivate", partitions=[])
     config["azure"] |= {"resource_group": "chkprivate-rg", "subnet_id": closed}
     expected = "is private (defaultOutboundAccess false: no default outbound access) and has no NAT gateway"
     assert_up_refused(twin.env, tmp_path, config, 2, expected, monkeypatch, in_subprocess=False, timeout=180)
     assert "chkprivate-rg" not in twin.state()["groups"]
-    vault_only = private_subnet(twin, "private-kv", "10.70.21.0/24", endpoints=("Microsoft.KeyVault",))
-    natted = private_subnet(twin, "private-nat", "10.70.22.0/24", nat=True)
+    vault_only = private_subnet(twin, "private-kv", "10.70.51.0/24", endpoints=("Microsoft.KeyVault",))
+    natted = private_subnet(twin, "private-nat", "10.70.52.0/24", nat=True)
     with twin.sdk_env():
         network = NetworkManagementClient(DefaultAzureCredential(), twin.subscription, base_url=twin.url)
         for subnet, powered, ok in ((vault_only, False, True), (vault_only, True, False), (natted, True, True)):

@@ -192,7 +192,7 @@ def test_a_policy_denial_names_the_assignment_and_what_the_cluster_needs(twin, t
     """B9: an organisation's deny assignments on what the cluster makes on purpose: the NFS share's account
     without secure transfer, then (that one exempted) the vault with access policies."""
     cluster = "polfiles"
-    subnet = storage_subnet(twin, f"{cluster}-nodes", "10.70.31.0/24")
+    subnet = storage_subnet(twin, f"{cluster}-nodes", "10.70.41.0/24")
     config = one_node_config(twin, cluster, subnet, [{"name": "home", "mount_point": "/home", "type": "azure_files"}])
     config["recovery"] = {"replace_lost_nodes": False}
     scope = f"/subscriptions/{twin.subscription}/resourceGroups/{cluster}-rg"

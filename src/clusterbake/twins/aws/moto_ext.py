@@ -351,13 +351,19 @@ _FAULTS_LOCK = threading.Lock()
 
 
 def check_faults(faults) -> dict:
-    """The faults file's content, checked: {action: {"fault": one of FAULTS, "times": N >= 1}}."""
+    """The faults file's content, checked: {action: {"fault": one of FAULTS, "times": N >= 1}}; `*` (every
+    action) may name several, {"faults": [...]}, taken in turn by the actions in the order they are first
+    called."""
     if not isinstance(faults, dict):
         raise ValueError('faults: expected {"Action": {"fault": ..., "times": N}, ...}')
     for action, fault in faults.items():
+        kinds = fault.get("faults") if action == "*" and isinstance(fault, dict) else None
+        kinds = (
+            kinds if isinstance(kinds, list) and kinds else [fault.get("fault") if isinstance(fault, dict) else None]
+        )
         if (
             not isinstance(fault, dict)
-            or fault.get("fault") not in FAULTS
+            or any(kind not in FAULTS for kind in kinds)
             or not isinstance(fault.get("times"), int)
             or fault["times"] < 1
         ):
@@ -387,7 +393,8 @@ def _take_fault(action: str) -> str | None:
             if seen.get(action, 0) >= every.get("times", 0):
                 return None
             seen[action] = seen.get(action, 0) + 1
-            fault = every
+            kinds = every.get("faults") or [every["fault"]]
+            fault = {"fault": kinds[list(seen).index(action) % len(kinds)]}
         else:
             return None
         tmp = f"{path}.{os.getpid()}.tmp"
