@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from polling import drained_by_the_poll_that_saw_the_notice, notice_log_after_the_drain, wait_for
-from twintest import CLUSTER, REGION, REPO, run
+from twintest import CLUSTER, REGION, REPO, CheckpointedTraining, run
 
 from clusterbake.job_report import events
 from clusterbake.providers.userdata import user_data
@@ -420,18 +420,7 @@ def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_r
     from clusterbake.twins.aws import control
 
     state = StateDir(Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")))
-    submitted = twin.cb(
-        "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "twin-spot",
-        "--", "deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json",
-        "--steps", "40", "--checkpoint-every", "20",
-    ).stdout  # fmt: skip
-    job_id = re.search(r"submitted job (\d+)", submitted).group(1)
-    output = f"/shared/jobs/researcher/twin-spot-{job_id}.out"
-
-    def log() -> str:
-        return twin.on("head", f"cat {output} 2>/dev/null || true").stdout
-
-    wait_for("step 5", lambda: any(e["event"] == "step" and e["step"] >= 5 for e in events(log())), timeout=300)
+    training = CheckpointedTraining(twin, "twin-spot")
     old = twin.instance("cpu-2")
     body = {"action": "terminate", "seconds": 60, "enforce": True}
     control.request(state, "PUT", f"/instances/{old['InstanceId']}/notices/spot", body)
@@ -450,20 +439,7 @@ def test_a_spot_interruption_mid_training_checkpoints_requeues_and_the_node_is_r
     assert drained_by_the_poll_that_saw_the_notice(notice_log, "cpu-2"), notice_log
     assert reason().endswith("(EC2 spot/instance-action terminate)")
 
-    def finished() -> str:
-        shown = twin.on("head", f"scontrol show job -o {job_id}", check=False).stdout
-        found = re.search(r"JobState=(\S+)", shown)
-        return found.group(1) if found and found.group(1) in ("COMPLETED", "FAILED", "CANCELLED") else ""
-
-    assert wait_for("the job done", finished, timeout=900, interval=3) == "COMPLETED"
-    text = log()
-    assert "asking for a checkpoint" in text and "checkpoint written; requeueing job" in text
-    done = [e for e in events(text) if e["event"] == "done"][-1]  # the first run's ended at the checkpoint
-    assert done["steps"] == 40 and not done["stopped_by_signal"]
-    first_run = text.split("(restart 1)")[0]
-    last_before = max(e["step"] for e in events(first_run) if e["event"] == "step")
-    resumed = next(e for e in events(text) if e["event"] == "resumed")
-    assert last_before - resumed["step"] <= 0  # checkpointed on the notice: nothing trained twice
+    training.assert_resumed_from_the_notice_checkpoint()
     new = twin.instance("cpu-2")
     assert new["InstanceId"] != old["InstanceId"] and new["PrivateIpAddress"] == old["PrivateIpAddress"]
     assert (

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shlex
 from pathlib import Path
 
@@ -23,9 +22,7 @@ import yaml
 from azuretwintest import AzureTwin, Environ
 from polling import wait_for
 from timetable import boots_cluster
-from twintest import REPO, Twin, run
-
-from clusterbake.job_report import events
+from twintest import REPO, CheckpointedTraining, Twin, run
 
 pytestmark = pytest.mark.integration
 CLUSTER = "ciaz"
@@ -242,18 +239,7 @@ def test_a_spot_eviction_mid_training_checkpoints_requeues_and_the_group_is_whol
     """Azure's Preempt scheduled event (here 30 s ahead), then the Spot VM deleted as its eviction policy Delete
     says: the node's agent drains it while the VM runs, the job checkpoints and requeues, the head's reconcile
     loop creates the VM again at the node's address, the training resumes from its checkpoint and completes."""
-    submitted = cluster.cb(
-        "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", "az-evict",
-        "--", "deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json",
-        "--steps", "40", "--checkpoint-every", "20",
-    ).stdout  # fmt: skip
-    job_id = re.search(r"submitted job (\d+)", submitted).group(1)
-    output = f"/shared/jobs/researcher/az-evict-{job_id}.out"
-
-    def log() -> str:
-        return cluster.on("head", f"cat {output} 2>/dev/null || true").stdout
-
-    wait_for("step 5", lambda: any(e["event"] == "step" and e["step"] >= 5 for e in events(log())), timeout=300)
+    training = CheckpointedTraining(cluster, "az-evict")
     old = azure.vm(f"{CLUSTER}-cpu-2")
     azure.control(
         "PUT", f"/vms/{CLUSTER}-cpu-2/scheduledevents", {"EventType": "Preempt", "NotBeforeSeconds": 30, "Evict": True}
@@ -266,20 +252,7 @@ def test_a_spot_eviction_mid_training_checkpoints_requeues_and_the_group_is_whol
     assert azure.vm(f"{CLUSTER}-cpu-2")["vm_id"] == old["vm_id"], "drained only after the eviction"
     assert "Azure spot eviction" in reason()
 
-    def finished() -> str:
-        shown = cluster.on("head", f"scontrol show job -o {job_id}", check=False).stdout
-        found = re.search(r"JobState=(\S+)", shown)
-        return found.group(1) if found and found.group(1) in ("COMPLETED", "FAILED", "CANCELLED") else ""
-
-    assert wait_for("the job done", finished, timeout=900, interval=3) == "COMPLETED"
-    text = log()
-    assert "asking for a checkpoint" in text and "checkpoint written; requeueing job" in text
-    done = [e for e in events(text) if e["event"] == "done"][-1]
-    assert done["steps"] == 40 and not done["stopped_by_signal"]
-    first_run = text.split("(restart 1)")[0]
-    last_before = max(e["step"] for e in events(first_run) if e["event"] == "step")
-    resumed = next(e for e in events(text) if e["event"] == "resumed")
-    assert last_before - resumed["step"] <= 0  # checkpointed on the notice: nothing trained twice
+    training.assert_resumed_from_the_notice_checkpoint()
     new = azure.vm(f"{CLUSTER}-cpu-2")
     assert new["vm_id"] != old["vm_id"] and new["address"] == old["address"]
     power_log = cluster.on("head", "cat /var/log/clusterbake/power.log").stdout

@@ -313,3 +313,45 @@ def growing_keeps_every_address(cluster: Twin, grown_config: dict, path: Path, n
     assert sorted(set(after) - set(before)) == ["cpu-3", "cpu-4"]
     assert len(set(after.values())) == len(after)
     assert {"cpu-3": "idle~", "cpu-4": "idle~"}.items() <= slurm_states(bigger).items()
+
+
+class CheckpointedTraining:
+    """The DeepSpeed example on 2 nodes, 40 steps, a checkpoint every 20, submitted as the researcher: what
+    a spot reclaim test interrupts, then checks resumed from the checkpoint the notice asked for."""
+
+    def __init__(self, cluster: Twin, name: str):
+        from clusterbake.job_report import events
+
+        self.cluster, self.events = cluster, events
+        submitted = cluster.cb(
+            "job", "submit", "deepspeed", "--nodes", "2", "--upload", "examples/deepspeed", "--job-name", name,
+            "--", "deepspeed/train.py", "--deepspeed_config", "deepspeed/ds_config.json",
+            "--steps", "40", "--checkpoint-every", "20",
+        ).stdout  # fmt: skip
+        self.job_id = re.search(r"submitted job (\d+)", submitted).group(1)
+        self.output = f"/shared/jobs/researcher/{name}-{self.job_id}.out"
+        wait_for("step 5", lambda: any(e["event"] == "step" and e["step"] >= 5 for e in self.steps()), timeout=300)
+
+    def log(self) -> str:
+        return self.cluster.on("head", f"cat {self.output} 2>/dev/null || true").stdout
+
+    def steps(self) -> list[dict]:
+        return self.events(self.log())
+
+    def assert_resumed_from_the_notice_checkpoint(self) -> None:
+        """The job completes after one requeue, having checkpointed on the notice: nothing trained twice."""
+
+        def finished() -> str:
+            shown = self.cluster.on("head", f"scontrol show job -o {self.job_id}", check=False).stdout
+            found = re.search(r"JobState=(\S+)", shown)
+            return found.group(1) if found and found.group(1) in ("COMPLETED", "FAILED", "CANCELLED") else ""
+
+        assert wait_for("the job done", finished, timeout=900, interval=3) == "COMPLETED"
+        text = self.log()
+        assert "asking for a checkpoint" in text and "checkpoint written; requeueing job" in text
+        done = [e for e in self.events(text) if e["event"] == "done"][-1]  # the first run's ended at the checkpoint
+        assert done["steps"] == 40 and not done["stopped_by_signal"]
+        first_run = text.split("(restart 1)")[0]
+        last_before = max(e["step"] for e in self.events(first_run) if e["event"] == "step")
+        resumed = next(e for e in self.events(text) if e["event"] == "resumed")
+        assert last_before - resumed["step"] <= 0
