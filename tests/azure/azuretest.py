@@ -291,8 +291,9 @@ def storage_subnet(twin: Twin, name: str, prefix: str) -> str:
     return new_subnet(twin, name, prefix, [{"service": "Microsoft.Storage"}])
 
 
-def new_subnet(twin: Twin, name: str, prefix: str, service_endpoints: list[dict] | None = None) -> str:
-    """A subnet of the existing network (a cluster's own, so no other test's addresses are in it): its id."""
+def new_subnet(twin: Twin, name: str, prefix: str, service_endpoints: list[dict] | None = None, **properties) -> str:
+    """A subnet of the existing network (a cluster's own, so no other test's addresses are in it), with more
+    `properties` when given: its id."""
     from azure.identity import DefaultAzureCredential
     from azure.mgmt.network import NetworkManagementClient
 
@@ -302,7 +303,7 @@ def new_subnet(twin: Twin, name: str, prefix: str, service_endpoints: list[dict]
             NET_GROUP,
             VNET,
             name,
-            {"properties": {"addressPrefix": prefix, "serviceEndpoints": service_endpoints or []}},
+            {"properties": {"addressPrefix": prefix, "serviceEndpoints": service_endpoints or [], **properties}},
         ).result()
     return subnet_id(twin, name)
 
@@ -397,21 +398,12 @@ def gallery_image(twin: Twin, name: str, generation: str = "V2", trusted_launch_
 def private_subnet(twin: Twin, name: str, prefix: str, nat: bool = False, endpoints: tuple[str, ...] = ()) -> str:
     """A subnet of the existing network without default outbound access (defaultOutboundAccess false), with a
     NAT gateway and service endpoints when asked: its id."""
-    arm = RawArm(twin, NET_GROUP, twin.token())
-    properties: dict = {
-        "addressPrefix": prefix,
-        "defaultOutboundAccess": False,
-        "serviceEndpoints": [{"service": service} for service in endpoints],
-    }
+    properties: dict = {"defaultOutboundAccess": False}
     if nat:
+        arm = RawArm(twin, NET_GROUP, twin.token())
         status, gateway, _ = arm.put(
             f"Microsoft.Network/natGateways/{name}-nat", {"location": LOCATION, "sku": {"name": "Standard"}}
         )
         assert status in (200, 201), gateway
         properties["natGateway"] = {"id": gateway["id"]}
-    status, body, headers = arm.put(
-        f"Microsoft.Network/virtualNetworks/{VNET}/subnets/{name}", {"properties": properties}
-    )
-    assert status in (200, 201), body
-    arm.wait(headers)
-    return body["id"]
+    return new_subnet(twin, name, prefix, [{"service": service} for service in endpoints], **properties)

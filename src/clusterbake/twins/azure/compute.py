@@ -14,6 +14,7 @@ from clusterbake.twins.azure import skus, vm_rules
 from clusterbake.twins.azure.resource import (
     DEFAULT_FAMILY_LIMIT,
     DEFAULT_LIMITS,
+    PLACEMENTS,
     RESERVED_ADMIN_NAMES,
     ArmError,
     Operation,
@@ -21,13 +22,6 @@ from clusterbake.twins.azure.resource import (
     _now,
     _ref,
     not_found,
-)
-
-# What a VM can be placed in: (its property, the resource type it names).
-PLACEMENTS = (
-    ("proximityPlacementGroup", "Microsoft.Compute/proximityPlacementGroups"),
-    ("virtualMachineScaleSet", "Microsoft.Compute/virtualMachineScaleSets"),
-    ("availabilitySet", "Microsoft.Compute/availabilitySets"),
 )
 
 

@@ -53,6 +53,14 @@ LRO_PUT = {
     "microsoft.storage/storageaccounts",
     "microsoft.storagecache/amlfilesystems",
 }
+# Types whose create answers 200, not 201 (their REST reference lists 200 only; the SDK accepts nothing else).
+CREATED_WITH_200 = {"microsoft.compute/availabilitysets"}
+# What a VM can be placed in: (its property, the resource type it names).
+PLACEMENTS = (
+    ("proximityPlacementGroup", "Microsoft.Compute/proximityPlacementGroups"),
+    ("virtualMachineScaleSet", "Microsoft.Compute/virtualMachineScaleSets"),
+    ("availabilitySet", "Microsoft.Compute/availabilitySets"),
+)
 SYNC_DELETE = {
     "microsoft.network/natgateways",
     "microsoft.compute/proximityplacementgroups",

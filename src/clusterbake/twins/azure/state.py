@@ -49,12 +49,14 @@ from clusterbake.twins.azure.replication import Replication
 from clusterbake.twins.azure.resource import (  # noqa: F401
     CANONICAL_TYPES,
     CONTAINER_NAME,
+    CREATED_WITH_200,
     DEFAULT_FAMILY_LIMIT,
     DEFAULT_LIMITS,
     DEFAULT_SUBSCRIPTION,
     DEFAULT_TENANT,
     LRO_PUT,
     NAMESPACE,
+    PLACEMENTS,
     RESERVED_ADMIN_NAMES,
     RESOURCE_NAME,
     RG_NAME,
@@ -74,14 +76,8 @@ from clusterbake.twins.azure.resource import (  # noqa: F401
 )
 from clusterbake.twins.azure.storage import StorageMixin
 
-# Types whose create answers 200, not 201 (their REST reference lists 200 only; the SDK accepts nothing else).
-CREATED_WITH_200 = {"microsoft.compute/availabilitysets"}
 # The VM property that makes it a member of a placement resource, by that resource's type.
-MEMBERS_KEY = {
-    "Microsoft.Compute/proximityPlacementGroups": "proximityPlacementGroup",
-    "Microsoft.Compute/virtualMachineScaleSets": "virtualMachineScaleSet",
-    "Microsoft.Compute/availabilitySets": "availabilitySet",
-}
+MEMBERS_KEY = {rtype: key for key, rtype in PLACEMENTS}
 # Where the twin is as strict as Azure, each a switch (on unless a test turns it off: PUT /_twin/strict).
 STRICT = {
     "keyvault_secret_size": True,  # a secret's value over 25 KB: 400 BadParameter (SecretTooLarge)
