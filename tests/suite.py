@@ -86,6 +86,7 @@ LANES: dict[str, list[str]] = {
     "azure-twin": [
         "tests/twin/test_azure_elastic.py",
         "tests/twin/test_azure_twin_cluster.py",
+        "tests/twin/test_azure_twin_ib.py",
         "tests/twin/test_azure_twin.py",
         "tests/integration/test_ops.py",
     ],

@@ -10,10 +10,26 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import yaml
 from sdkenv import Environ
-from twintest import CB, node_init_pid, run, twin_environment
+from twintest import CB, REPO, Twin, node_init_pid, run, twin_environment
 
 TWIN_NET = "twin-azure"
+
+
+def example_cluster(env: dict[str, str], directory: Path, example: str, name: str, edit=None) -> Twin:
+    """examples/<example> as cluster `name` in resource group `<name>-rg` (`edit` changes the config
+    further), brought up with the real CLI; `.up` holds what `cluster up` printed."""
+    config = yaml.safe_load((REPO / "examples" / example).read_text())
+    config["cluster_name"] = name
+    config["azure"]["resource_group"] = f"{name}-rg"
+    if edit is not None:
+        edit(config)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cluster = Twin(env, path, name)
+    cluster.up = cluster.cb("cluster", "up", timeout=1200)
+    return cluster
 
 
 def azure_twin_environment() -> dict[str, str]:

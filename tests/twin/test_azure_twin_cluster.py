@@ -18,11 +18,10 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
-from azuretwintest import AzureTwin, Environ
+from azuretwintest import AzureTwin, Environ, example_cluster
 from polling import wait_for
 from timetable import boots_cluster
-from twintest import REPO, CheckpointedTraining, Twin, run
+from twintest import CheckpointedTraining, run
 
 pytestmark = pytest.mark.integration
 CLUSTER = "ciaz"
@@ -33,14 +32,11 @@ STORAGE = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) 
 @boots_cluster("Azure twin 1+2 (azure-twin.yaml)")
 def cluster(azure, tmp_path_factory):
     """examples/azure-twin.yaml under the tests' own cluster name and resource group, up for the module."""
-    config = yaml.safe_load((REPO / "examples" / "azure-twin.yaml").read_text())
-    config["cluster_name"] = CLUSTER
-    config["azure"]["resource_group"] = f"{CLUSTER}-rg"
-    config["node_groups"][0]["spot"] = True  # Spot VMs (eviction policy Delete): the eviction test below
-    path = tmp_path_factory.mktemp("aztwin") / f"{CLUSTER}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    cluster = Twin(azure.env, path, CLUSTER)
-    cluster.up = cluster.cb("cluster", "up", timeout=1200)
+
+    def spot(config: dict) -> None:
+        config["node_groups"][0]["spot"] = True  # Spot VMs (eviction policy Delete): the eviction test below
+
+    cluster = example_cluster(azure.env, tmp_path_factory.mktemp("aztwin"), "azure-twin.yaml", CLUSTER, spot)
     yield cluster
     cluster.cb("cluster", "down", timeout=600)
 

@@ -7,6 +7,7 @@ pass on, and the arguments they hand to srun.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import signal
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from clusterbake.job_report import EVENT_PREFIX, detect_transport
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = REPO / "scripts" / "jobs"
@@ -205,19 +208,8 @@ FAKE_PYTHON = """#!/bin/bash
 """
 
 
-@pytest.mark.parametrize(
-    "gpus, torch_sees, placeholder, allow, trains",
-    [
-        ("8", "0 13.0", False, "", False),  # R570 with a CUDA 13 torch: no device
-        ("8", "Traceback: ImportError", False, "", False),  # no torch at all
-        ("8", "8 13.0", False, "", True),
-        ("0", "0 13.0", False, "", True),  # a CPU job on a CPU node
-        ("8", "0 13.0", False, "1", True),  # CLUSTERBAKE_ALLOW_CPU=1
-    ],
-)
-def test_a_job_given_gpus_that_torch_cannot_use_stops_instead_of_training_on_the_cpu(
-    tmp_path, gpus, torch_sees, placeholder, allow, trains
-):
+def _torchrun_node(tmp_path: Path, settings: dict[str, str]) -> subprocess.CompletedProcess:
+    """torchrun-node of a one-node job, with fakes of torch (FAKE_PYTHON), nvidia-smi, torchrun and scontrol."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (
@@ -233,10 +225,30 @@ def test_a_job_given_gpus_that_torch_cannot_use_stops_instead_of_training_on_the
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "CLUSTERBAKE_TRAIN_ENV": str(tmp_path / "train.env"),
+        "SLURM_JOB_ID": "7",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NODELIST": "node-1",
+        **settings,
     }
-    env |= {"SLURM_GPUS_ON_NODE": gpus, "TORCH_SEES": torch_sees, "SLURM_JOB_ID": "7", "SLURM_NNODES": "1"}
-    env |= {"SLURM_JOB_NODELIST": "node-1", "CLUSTERBAKE_ALLOW_CPU": allow}
-    result = subprocess.run([str(JOBS / "torchrun-node"), "train.py"], env=env, capture_output=True, text=True)
+    return subprocess.run([str(JOBS / "torchrun-node"), "train.py"], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "gpus, torch_sees, placeholder, allow, trains",
+    [
+        ("8", "0 13.0", False, "", False),  # R570 with a CUDA 13 torch: no device
+        ("8", "Traceback: ImportError", False, "", False),  # no torch at all
+        ("8", "8 13.0", False, "", True),
+        ("0", "0 13.0", False, "", True),  # a CPU job on a CPU node
+        ("8", "0 13.0", False, "1", True),  # CLUSTERBAKE_ALLOW_CPU=1
+    ],
+)
+def test_a_job_given_gpus_that_torch_cannot_use_stops_instead_of_training_on_the_cpu(
+    tmp_path, gpus, torch_sees, placeholder, allow, trains
+):
+    result = _torchrun_node(
+        tmp_path, {"SLURM_GPUS_ON_NODE": gpus, "TORCH_SEES": torch_sees, "CLUSTERBAKE_ALLOW_CPU": allow}
+    )
     if trains:
         assert (result.returncode, result.stdout.splitlines()[-1]) == (0, "torchrun started"), result.stderr
     else:
@@ -244,3 +256,14 @@ def test_a_job_given_gpus_that_torch_cannot_use_stops_instead_of_training_on_the
         assert f"gave this job {gpus} GPU(s), but torch finds none" in result.stderr
         assert "driver: 570.172.08" in result.stderr and "refusing to train on the CPU" in result.stderr
         assert "torchrun started" not in result.stdout
+
+
+def test_the_log_of_every_template_names_the_nodes_fabric_so_the_report_catches_tcp_on_infiniband(tmp_path):
+    """hello-distributed.sbatch printed no fabric: its gloo run over TCP on an `ib` node passed the job report
+    unflagged (found on the Azure twin's InfiniBand example). torchrun-node, which every template runs,
+    names it."""
+    result = _torchrun_node(tmp_path, {"SLURM_GPUS_ON_NODE": "0", "TORCH_SEES": "0 13.0", "CLUSTERBAKE_FABRIC": "ib"})
+    assert result.returncode == 0, result.stderr
+    hello = {"event": "hello", "rank": 0, "world_size": 2, "ok": True, "backend": "gloo"}
+    transport = detect_transport(result.stdout + f"{EVENT_PREFIX}{json.dumps(hello)}\n")
+    assert (transport.fabric, transport.transport, transport.mismatch) == ("ib", "gloo-tcp", True)

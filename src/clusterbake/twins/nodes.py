@@ -59,6 +59,9 @@ class NodeSpec:
     uuid: str
     binds: dict[str, Path] = field(default_factory=dict)  # inside -> host, read-write
     readonly_binds: dict[str, Path] = field(default_factory=dict)  # inside -> host
+    # What the cloud's hardware shows inside the VM besides its NIC, for the twin's prepare (Azure:
+    # {"infiniband": [ports]}).
+    hardware: dict = field(default_factory=dict)
 
 
 class TwinNodes:

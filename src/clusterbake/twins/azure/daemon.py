@@ -23,7 +23,9 @@ session of its own, logging to <twin dir>/twin.log. One process, threads:
 - a control socket for tests and the CLI (<twin dir>/control.sock, root only): `GET
   /status`; scheduled events on a VM's IMDS: `PUT /vms/<vm name>/scheduledevents
   {"EventType": "Preempt", "NotBeforeSeconds": 30}` adds one (`"Evict": true`: the Spot VM is
-  evicted at NotBefore, as Azure does after its notice), `DELETE` removes them all.
+  evicted at NotBefore, as Azure does after its notice), `DELETE` removes them all; a VM's
+  InfiniBand links (infiniband.py): `PUT /vms/<vm name>/infiniband {"state": "Down"}` (or
+  "Active").
 
 The twin's subscription, tenant, resource group `clusterbake-twin`, virtual network,
 subnets (`nodes`, and `amlfs`: the next /24, for Managed Lustre file systems) and image are
@@ -50,6 +52,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from clusterbake.twins.azure import infiniband
 from clusterbake.twins.runtime import daemon_parser, in_netns, keep_reconciling, log, run_daemon, serve_control
 
 POLL = 0.25
@@ -93,6 +96,7 @@ class AzureTwin:
         self.images: dict[str, Path] = {}  # image resource id (lower case) -> image root
         self.image_ids: dict[str, str] = {}  # image name -> resource id
         self.events: dict[str, dict[str, Any]] = {}  # VM name (lower) -> {"incarnation", "events"}
+        self.link_states: dict[str, str] = {}  # VM name (lower) -> its InfiniBand links' state, when not Active
         self.by_address: dict[str, dict[str, Any]] = {}  # the running VMs as IMDS answers them
         self.vms: dict[str, dict[str, Any]] = {}  # vmId -> what status shows
         self.operations_seen: set[str] = set()  # the ARM fake's operation ids the keeper has looked at
@@ -437,6 +441,9 @@ class AzureTwin:
             "image_root": root,
             "instance": instance,
             "identities": identities,
+            "infiniband": infiniband.ports(
+                props["hardwareProfile"]["vmSize"], self.link_states.get(vm["name"].lower(), "Active")
+            ),
         }
 
     def reconcile(self) -> None:
@@ -481,6 +488,7 @@ class AzureTwin:
                         hostname=info["instance"]["compute"]["osProfile"]["computerName"],
                         mac=info["mac"],
                         uuid=info["key"],
+                        hardware={"infiniband": info["infiniband"]},
                     ),
                     outside=lambda info=info: outside(info),
                     restart=info["id"].lower() in restarted,
@@ -490,6 +498,9 @@ class AzureTwin:
         up = self.keeper.keep(wanted, time.monotonic)
         addresses = {seen[key]["address"]: seen[key] for key in up}
         running = self.nodes.running()
+        for key in set(up) & set(running):  # a link a test took down (or up) on a running node
+            if infiniband.write(self.nodes.paths(key).root, seen[key]["infiniband"]):
+                log(f"InfiniBand ports of VM {seen[key]['vm']}: {seen[key]['infiniband'][:1]}")
         with self.lock:
             self.by_address = addresses
             self.vms = {
@@ -506,6 +517,7 @@ class AzureTwin:
             }
             live_names = {info["vm"].lower() for info in seen.values()}
             self.events = {name: entry for name, entry in self.events.items() if name in live_names}
+            self.link_states = {name: state for name, state in self.link_states.items() if name in live_names}
 
     def sync_storage(self) -> None:
         """What the twin's nodes may mount, a directory each (the stand-ins bind them, docs/twin.md):
@@ -566,6 +578,21 @@ class AzureTwin:
                 for v in self.vms.values()
             ]
         return {"vms": sorted(vms, key=lambda v: v["name"])}
+
+    def set_link_state(self, vm: str, state: Any) -> tuple[int, Any]:
+        """Every InfiniBand link of the VM Down (Polling) or Active again; the node's ibstat shows it
+        within a reconcile round."""
+        if state not in infiniband.LINK_STATES:
+            return HTTPStatus.BAD_REQUEST, {"error": f"state {state!r}: one of {', '.join(infiniband.LINK_STATES)}"}
+        with self.lock:
+            if vm.lower() not in {v["name"].lower() for v in self.vms.values()}:
+                return HTTPStatus.NOT_FOUND, {"error": f"no VM {vm} of the twin's image"}
+            if state == "Active":
+                self.link_states.pop(vm.lower(), None)
+            else:
+                self.link_states[vm.lower()] = state
+        log(f"InfiniBand links of {vm}: {state}")
+        return HTTPStatus.OK, {"vm": vm, "state": state}
 
     def set_events(self, vm: str, body: dict | None) -> dict[str, Any]:
         with self.lock:
@@ -643,6 +670,8 @@ class AzureTwin:
                 return HTTPStatus.NOT_FOUND, {"error": f"no VM {parts[1]} of the twin's image"}
             except (ValueError, TypeError, AttributeError) as exc:
                 return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+        if len(parts) == 3 and parts[0] == "vms" and parts[2] == "infiniband" and method == "PUT":
+            return self.set_link_state(parts[1], (body or {}).get("state"))
         return HTTPStatus.NOT_FOUND, {"error": f"{method} {path}"}
 
 

@@ -13,7 +13,8 @@ network's DNS suffix (Azure's DHCP), and the twin's CA among the node's trusted 
 the Key Vault and blob names the twin's DNS answers verify as they do against Microsoft's
 public certificates (see docs/twin.md: what the twin cannot show). Besides the twins'
 mount helper, the nodes get blobfuse2's stand-in (twins/blobfuse2_helper.py) at
-/usr/bin/blobfuse2 and /usr/bin/fusermount3.
+/usr/bin/blobfuse2 and /usr/bin/fusermount3, and ibstat's (twins/ibstat_helper.py) at
+/usr/sbin/ibstat, which shows the InfiniBand ports of the VM's size (infiniband.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from clusterbake.twins.azure import infiniband
 from clusterbake.twins.nodes import NodeSpec, TwinNodes
 
 TWIN_NETWORK = "twin-azure"  # the bridge cb-twin-azure, namespaces cb-twin-azure-<vmId>
@@ -33,6 +35,7 @@ DNS_SUFFIX = "clusterbake-twin.internal.cloudapp.net"
 LABEL = "The Azure twin"
 CA_NAME = "clusterbake-azure-twin"
 BLOBFUSE2_HELPER = Path(__file__).resolve().parents[1] / "blobfuse2_helper.py"
+IBSTAT_HELPER = Path(__file__).resolve().parents[1] / "ibstat_helper.py"
 
 
 def ca_hash(ca_file: Path) -> str | None:
@@ -45,7 +48,12 @@ def ca_hash(ca_file: Path) -> str | None:
 
 class AzureNodes(TwinNodes):
     # blobfuse2 and its fusermount3 (FUSE cannot run here): twins/blobfuse2_helper.py, see docs/twin.md.
-    extra_helpers = {"/usr/bin/blobfuse2": BLOBFUSE2_HELPER, "/usr/bin/fusermount3": BLOBFUSE2_HELPER}
+    # ibstat: InfiniBand ports of the VM's size (no HCA here).
+    extra_helpers = {
+        "/usr/bin/blobfuse2": BLOBFUSE2_HELPER,
+        "/usr/bin/fusermount3": BLOBFUSE2_HELPER,
+        "/usr/sbin/ibstat": IBSTAT_HELPER,
+    }
 
     def __init__(self, root: Path, vnet_cidr: str, ca_file: Path | None, log):
         routes = (vnet_cidr, f"{METADATA_ADDRESS}/32", f"{DNS_ADDRESS}/32")
@@ -55,9 +63,10 @@ class AzureNodes(TwinNodes):
 
     def _prepare(self, spec: NodeSpec, root: Path) -> None:
         """Azure's DHCP (DNS server and suffix), the provisioning agent's hostname (computerName, at
-        every boot, as cloud-init does on Azure; the image's boot service has the last word) and the
-        platform's trusted CAs, on the node's disk."""
+        every boot, as cloud-init does on Azure; the image's boot service has the last word), the
+        platform's trusted CAs and the VM's InfiniBand ports, on the node's disk."""
         (root / "etc" / "hostname").write_text(spec.hostname + "\n")
+        infiniband.write(root, spec.hardware.get("infiniband", []))
         resolv = root / "etc" / "resolv.conf"
         if resolv.is_symlink() or resolv.is_dir():
             resolv.unlink()

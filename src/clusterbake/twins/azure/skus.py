@@ -17,6 +17,15 @@ SKUs API (`az vm list-skus`): every value is a string, booleans "True"/"False".
   8 x 400 Gb/s NDR InfiniBand (one per GPU), NVSwitch. Not sold as spot.
 - Standard_ND96isr_H200_v5: 96 cores, 1,850 GiB, 8 x H200 141 GB, 8 x 400 Gb/s NDR.
 
+- Standard_NDisr_twin: the twin's own ND-class size, not Azure's: RdmaEnabled with one 400 Gb/s
+  InfiniBand port, vCPUs as this host has (a node that reports fewer CPUs than its size is
+  drained), 4 GiB per vCPU (at most this host's memory), no GPU (a twin node has none to
+  give: the local provider's placeholder GPUs show GPU scheduling), not sold as spot.
+
+InfiniBand ports (INFINIBAND_PORTS: HCAs per VM, Gb/s each) are Microsoft's published links
+(each series' page, "InfiniBand"); the twin's nodes show them through an `ibstat` stand-in
+(twins/azure/infiniband.py).
+
 Zones and restrictions are the twin's own (capacity differs per subscription in real
 Azure): `eastus` offers everything in zones 1-3 except the H200 size, which it restricts
 for this subscription in zone 3 (a `Zone` restriction, NotAvailableForSubscription);
@@ -24,6 +33,22 @@ for this subscription in zone 3 (a `Zone` restriction, NotAvailableForSubscripti
 """
 
 from __future__ import annotations
+
+import os
+
+TWIN_ND_SIZE = "Standard_NDisr_twin"
+
+
+def _host_memory_gib() -> int:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError):
+        return 8
+    return max(1, kib // (1024 * 1024))
+
+
+_HOST_CPUS = os.cpu_count() or 1
 
 # name -> (family, vCPUs, MemoryGB, GPUs, RdmaEnabled, vCPUsPerCore, LowPriorityCapable, tier size)
 SIZES: dict[str, tuple[str, int, float, int, bool, int, bool]] = {
@@ -38,6 +63,15 @@ SIZES: dict[str, tuple[str, int, float, int, bool, int, bool]] = {
     "Standard_NC24ads_A100_v4": ("standardNCADSA100v4Family", 24, 220, 1, False, 1, True),
     "Standard_ND96isr_H100_v5": ("standardNDSH100v5Family", 96, 1900, 8, True, 1, False),
     "Standard_ND96isr_H200_v5": ("standardNDSH200v5Family", 96, 1850, 8, True, 1, False),
+    TWIN_ND_SIZE: ("standardNDtwinFamily", _HOST_CPUS, min(4 * _HOST_CPUS, _host_memory_gib()), 0, True, 1, False),
+}
+
+# RDMA size -> (InfiniBand HCAs per VM, Gb/s each): ND H100/H200 v5 8 x 400 (NDR), HBv3 1 x 200 (HDR).
+INFINIBAND_PORTS: dict[str, tuple[int, int]] = {
+    "Standard_HB120rs_v3": (1, 200),
+    "Standard_ND96isr_H100_v5": (8, 400),
+    "Standard_ND96isr_H200_v5": (8, 400),
+    TWIN_ND_SIZE: (1, 400),
 }
 
 # Capabilities that differ from the common ones sku_entry gives (Resource SKUs' names and strings).
@@ -69,6 +103,7 @@ FAMILY_NAMES = {
     "standardNCADSA100v4Family": "Standard NCADS_A100_v4 Family vCPUs",
     "standardNDSH100v5Family": "Standard NDSH100v5 Family vCPUs",
     "standardNDSH200v5Family": "Standard NDSH200v5 Family vCPUs",
+    "standardNDtwinFamily": "Standard NDtwin Family vCPUs (the twin's own)",
 }
 
 
