@@ -79,9 +79,23 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
+    from clusterbake import dry_run
+
+    config = _load(args)
     summary = cluster.up(
-        _load(args), _config_path(args), provision_only=args.provision_only, reconfigure=args.reconfigure
+        config,
+        _config_path(args),
+        provision_only=args.provision_only,
+        reconfigure=args.reconfigure,
+        dry_run=args.dry_run,
+        max_cost_per_hour=args.max_cost_per_hour,
     )
+    if "dry_run" in summary:
+        plan = summary["dry_run"]
+        print(json.dumps(plan.to_json(), indent=2) if args.json else dry_run.format_plan(plan, config.cluster_name,
+                                                                                          config.provider))  # fmt: skip
+        dry_run.check_cost_limit(plan, *summary["cost_limit"])
+        return 0
     if "changed" in summary:
         states = summary["slurm"].values()
         down = sum(1 for state in states if state.endswith("~"))
@@ -473,6 +487,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the configure play even when nothing changed since the last one (no drift found)",
     )
+    up.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run every read-only check (quota, capacity offered, subnet room, image), print what would be made "
+        "node by node and its price per hour, create nothing",
+    )
+    up.add_argument(
+        "--max-cost-per-hour",
+        type=float,
+        metavar="USD",
+        help="refuse a plan over this price per hour with every elastic node up (overrides max_cost_per_hour)",
+    )
+    up.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     up.set_defaults(func=cmd_cluster_up)
     st = clus.add_parser("status", help="nodes and their Slurm state")
     st.add_argument("--json", action="store_true")

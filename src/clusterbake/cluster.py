@@ -10,7 +10,9 @@ from pathlib import Path
 from clusterbake import applied, remote
 from clusterbake.ansible import ansible_env, run_playbook
 from clusterbake.config import ClusterConfig, check_accounting_files, extra_ca_files
-from clusterbake.errors import ClusterbakeError, NodesDidNotBoot
+from clusterbake.dry_run import check_cost_limit
+from clusterbake.dry_run import plan as dry_run_plan
+from clusterbake.errors import ClusterbakeError, ConfigError, NodesDidNotBoot
 from clusterbake.paths import repo_root
 from clusterbake.progress import phase, say
 from clusterbake.providers import get_provider
@@ -26,7 +28,16 @@ def _stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
 
 
-def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, reconfigure: bool = False) -> dict:
+def up(
+    config: ClusterConfig,
+    config_path: Path,
+    provision_only: bool = False,
+    reconfigure: bool = False,
+    dry_run: bool = False,
+    max_cost_per_hour: float | None = None,
+) -> dict:
+    """Create or update the cluster. `dry_run`: the read-only checks and the plan with its price
+    (summary["dry_run"]), nothing made; `max_cost_per_hour` (else the config's) refuses a plan over it."""
     state = StateDir.for_config(config)
     provider = get_provider(config, state)
     summary: dict = {"cluster": config.cluster_name}
@@ -34,6 +45,19 @@ def up(config: ClusterConfig, config_path: Path, provision_only: bool = False, r
     extra_ca_files(config)  # unresolvable globs are input errors, found before anything is created
     check_accounting_files(config)
     image = provider.find_image()
+    if max_cost_per_hour is not None and max_cost_per_hour <= 0:
+        raise ConfigError(f"--max-cost-per-hour: {max_cost_per_hour:g}: a price per hour above 0")
+    limit, source = max_cost_per_hour, "--max-cost-per-hour"
+    if limit is None:
+        limit, source = config.max_cost_per_hour, "max_cost_per_hour"
+    if dry_run or limit is not None:
+        provider.check_image(image)
+        with phase("plan and price (read-only)"):
+            plan = dry_run_plan(provider)
+        if dry_run:  # the caller shows the plan, then applies the limit
+            summary |= {"dry_run": plan, "cost_limit": (limit, source)}
+            return summary
+        check_cost_limit(plan, limit, source)
     created = not provider.cluster.exists()
     with phase(f"provision {len(provider.nodes)} nodes ({config.provider})"):
         try:

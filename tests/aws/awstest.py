@@ -30,6 +30,7 @@ class Moto:
     env: dict[str, str]
     console_dir: Path  # <instance id>.log: that instance's console output (GetConsoleOutput)
     faults_file: Path  # $MOTO_FAULTS_FILE: faults injected per API action (moto_ext.FAULTS)
+    quotas_file: Path  # $MOTO_QUOTAS_FILE: EC2 quotas' applied values (twins/aws/service_quotas.py)
 
     def console(self, instance_id: str, text: str) -> None:
         """What the instance's console shows (its boot program prints its host keys there)."""
@@ -55,6 +56,14 @@ class Moto:
             self.capacity_file.unlink(missing_ok=True)
         else:
             self.capacity_file.write_text(json.dumps(limits))
+
+    def set_quotas(self, values: dict[str, float | None] | None) -> None:
+        """EC2 quotas' applied values by quota code (null: never raised, the default applies); None: the
+        twin account's own."""
+        if values is None:
+            self.quotas_file.unlink(missing_ok=True)
+        else:
+            self.quotas_file.write_text(json.dumps(values))
 
     def inject_faults(self, faults: dict[str, dict] | None) -> None:
         """The next calls of each action get a fault: {"DescribeInstances": {"fault": "InternalError",
@@ -170,6 +179,7 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
                 "MOTO_CAPACITY_FILE": str(capacity_file),
                 "MOTO_FAULTS_FILE": str(root / "faults.json"),
                 "MOTO_CONSOLE_DIR": str(root / "console"),
+                "MOTO_QUOTAS_FILE": str(root / "quotas.json"),
                 **server_env,
             },
         )
@@ -183,6 +193,6 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
                     if server.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"moto server did not start: {log_path.read_text()}") from None
                     time.sleep(0.1)
-            yield Moto(url, capacity_file, env, root / "console", root / "faults.json")
+            yield Moto(url, capacity_file, env, root / "console", root / "faults.json", root / "quotas.json")
         finally:
             stop_server(server)

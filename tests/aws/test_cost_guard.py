@@ -123,6 +123,15 @@ def test_a_spot_node_is_not_stopped_as_ec2_would_refuse_it(moto, costdemo, in_pr
     assert _by_name(ec2)["cpu-1"]["State"]["Name"] == "running"
 
 
+def test_a_dry_run_of_the_running_cluster_finds_everything_made(moto, costdemo):
+    """`cluster up --dry-run` of a provisioned cluster: nothing left to create."""
+    out = run_cb(moto, costdemo["state_dir"], costdemo["path"], "cluster", "up", "--dry-run").stdout
+    rows = [line.split() for line in out.splitlines() if line.startswith(("  create", "  exists", "  elastic"))]
+    assert rows and all(row[0] == "exists" for row in rows), out
+    assert ["exists", "instance", "gpu-1"] in rows and ["exists", "security", "group", f"clusterbake-{CLUSTER}"] in rows
+    assert ["exists", "EFS", "file", "system", f"clusterbake-{CLUSTER}-data"] in rows
+
+
 def test_down_lists_what_still_bills_and_then_nothing_is_left(moto, network, costdemo):
     ec2, efs = moto.ec2(), moto.client("efs")
     [data] = [

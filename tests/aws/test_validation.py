@@ -175,3 +175,46 @@ def test_fallback_types_in_one_cluster_placement_group_are_warned_of(moto, netwo
         moto, monkeypatch, tmp_path, network, network.subnet_id, network.vpc_id, [burst | {"placement_group": True}]
     )
     assert "warning: node_groups.0: fallback instance types in one cluster placement group" in capsys.readouterr().err
+
+
+QUOTA_CASES = {
+    # Two p5.48xlarge (192 vCPUs each) where the account's P quota was raised to 192 only.
+    "p-on-demand": (
+        {"L-417A185B": 192},
+        _gpu(count=2),
+        'node_groups.0.instance_type: 2 x p5.48xlarge: 384 vCPUs of the EC2 quota "Running On-Demand P instances" '
+        "(L-417A185B) in {region}, which allows 192 with",
+    ),
+    # A quota never raised: GetServiceQuota has no applied value, AWS's default (0) holds.
+    "p-spot-default": (
+        {"L-7212CCBC": None},
+        _gpu(spot=True, efa=False),
+        'node_groups.0.instance_type: 1 x p5.48xlarge: 192 vCPUs of the EC2 quota "All P Spot Instance Requests" '
+        "(L-7212CCBC) in {region}, which allows 0 with",
+    ),
+    # Elastic nodes count at max_count: the plan is the whole group powered up.
+    "elastic-standard": (
+        {"L-1216C47A": 6},
+        [{"name": "burst", "min_count": 0, "max_count": 4, "instance_type": "c7a.large"}],
+        "node_groups.0.instance_type: 4 x c7a.large",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(QUOTA_CASES))
+def test_a_plan_past_an_ec2_vcpu_quota_is_refused_before_any_create(moto, network, tmp_path, monkeypatch, case):
+    """Issue 31: a quota error after half the resources exist is where a first real run loses money and trust."""
+    quotas, node_groups, expected = QUOTA_CASES[case]
+    name = "quota" + "".join(c for c in case if c.isalpha())[:16]
+    write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
+    config = example_config(network, cluster_name=name, partitions=[], node_groups=node_groups)
+    moto.set_quotas(quotas)
+    try:
+        assert_up_refused(moto.env, tmp_path, config, 2, expected.format(region=REGION), monkeypatch,
+                          in_subprocess=case == "p-on-demand", timeout=120)  # fmt: skip
+    finally:
+        moto.set_quotas(None)
+    ec2 = moto.ec2()
+    tagged = [{"Name": "tag:clusterbake:cluster", "Values": [name]}]
+    assert ec2.describe_security_groups(Filters=tagged)["SecurityGroups"] == []
+    assert ec2.describe_instances(Filters=tagged)["Reservations"] == []

@@ -145,6 +145,13 @@ class ClusterConfig(Strict):
     monitoring: MonitoringConfig = Field(
         default_factory=MonitoringConfig, description="Prometheus and its exporters; `clusterbake report`."
     )
+    max_cost_per_hour: float | None = Field(
+        None,
+        gt=0,
+        description="USD per hour: `cluster up` refuses a plan whose machines would cost more with every elastic "
+        "node up, or that cannot be priced in full, before anything is made (`--max-cost-per-hour` overrides it; "
+        "`cluster up --dry-run` shows the estimate). Storage and data transfer are not in it.",
+    )
     local: LocalConfig = Field(default_factory=LocalConfig, description="Settings of the local provider.")
     aws: AwsConfig | None = Field(None, description="Settings of the aws provider (required with provider aws).")
     azure: AzureConfig | None = Field(

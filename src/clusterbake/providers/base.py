@@ -230,3 +230,24 @@ class Provider(ABC):
         """After destroy(): what of the cluster still bills, read-only (`cluster down`'s last
         line); None: this provider cannot tell."""
         return None
+
+    # --- `cluster up --dry-run` (clusterbake/dry_run.py): read-only ---------------------------
+
+    machine_kind = "node"  # what the dry run calls a node's machine (an instance, a VM)
+    cost_not_included: tuple[str, ...] = ()  # what a machine's price leaves out (storage, transfer)
+
+    def check_image(self, image: Path | str) -> None:  # noqa: B027 (optional: provision checks it too)
+        """The image boots every planned node (read-only; provision checks it again)."""
+
+    def cluster_resources(self) -> list:
+        """What `cluster up` makes besides the nodes' machines: dry_run.PlannedResource, each marked
+        as made already or to create (read-only)."""
+        return []
+
+    def planned_machines(self) -> list[tuple[str, str, str, bool]]:
+        """(node, instance type, market, elastic) of every planned node."""
+        return [(node.name, "container", "local", node.elastic) for node in self.nodes]
+
+    def machine_price(self, instance_type: str, market: str) -> Price:
+        """The price per hour of one machine of `instance_type` at `market`, now."""
+        return Price(0.0, "this machine's: nothing billed")

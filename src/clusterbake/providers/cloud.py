@@ -152,6 +152,15 @@ class CloudProvider(Provider):
 
     # --- shared ---
 
+    def planned_machines(self) -> list[tuple[str, str, str, bool]]:
+        return [
+            (node.name, self._instance_type(node), self._market(self._group(node.nodegroup)), node.elastic)
+            for node in self.nodes
+        ]
+
+    def _market(self, group: NodeGroup | None) -> str:
+        return "spot" if group is not None and group.spot else "on-demand"
+
     def _group(self, name: str) -> NodeGroup | None:
         return next((g for g in self.config.node_groups if g.name == name), None)
 

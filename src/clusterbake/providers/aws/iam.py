@@ -549,10 +549,14 @@ SPOT_SERVICE = "spot.amazonaws.com"
 SPOT_ROLE = "AWSServiceRoleForEC2Spot"
 
 
+def spot_role_exists(iam) -> bool:
+    return _ignore_missing(iam.get_role, RoleName=SPOT_ROLE)
+
+
 def ensure_spot_role(iam) -> bool:
     """The account's AWSServiceRoleForEC2Spot, made by the controller when missing (an account-wide
     role: `cluster down` leaves it); True when made here."""
-    if _ignore_missing(iam.get_role, RoleName=SPOT_ROLE):
+    if spot_role_exists(iam):
         return False
     try:
         call(iam.create_service_linked_role, AWSServiceName=SPOT_SERVICE)

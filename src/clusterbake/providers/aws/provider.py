@@ -11,6 +11,7 @@ import hostlist
 
 from clusterbake import remote
 from clusterbake.config import ClusterConfig, NodeGroup
+from clusterbake.dry_run import CREATE, EXISTS, PlannedResource
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.images.store import aws_image_source, find_aws_image
 from clusterbake.inventory import build_inventory
@@ -24,6 +25,7 @@ from clusterbake.providers.aws import (
     iam,
     placement,
     prices,
+    quotas,
     resources,
     storage,
     subnet_reservations,
@@ -41,7 +43,7 @@ from clusterbake.providers.aws.api import (
 )
 from clusterbake.providers.aws.catalogue import Catalogue, InstanceTypeInfo
 from clusterbake.providers.aws.launch import BATCH, GroupLaunch, NodeLaunch, launch_groups, wait_for_state
-from clusterbake.providers.base import BillingCheck, CostEstimate
+from clusterbake.providers.base import BillingCheck, CostEstimate, Price
 from clusterbake.providers.cloud import CloudProvider, Machine, Publish
 from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data, user_data_template
 from clusterbake.state import StateDir
@@ -160,6 +162,11 @@ class AwsProvider(CloudProvider):
         checks.check_checkpoint_bucket(self.api("s3"), self.config)
         checks.check_existing_placement_groups(self.client, self.config)
         self._reservations = checks.check_capacity_reservations(self.client, self.config, self._zone)
+        live = discover.cluster_instances(self.client, self.config.cluster_name, quotas.COUNTED_STATES)
+        running = {discover.name_of(i) for i in live}
+        blocks = {group.name for group in self.config.node_groups if self._capacity_block(group)}
+        for what in quotas.check(self.api("service-quotas"), self.client, self.config, self._infos, running, blocks):
+            say(f"    quota not checked: {what}")
         _ = self.kms_key_arn  # an unknown aws.kms_key_id is a config error, found before anything is created
         self.addresses()  # a subnet too small for the planned nodes is a config error
 
@@ -802,6 +809,56 @@ class AwsProvider(CloudProvider):
             on_demand=lambda instance_type: prices.on_demand(self._pricing(), self.aws.region, instance_type),
             spot=lambda instance_type, zone: prices.spot(self.client, zone, instance_type),
         )
+
+    # --- `cluster up --dry-run` (dry_run.py) ---------------------------------------------------
+
+    machine_kind = "instance"
+    cost_not_included = tuple(billing.NOT_INCLUDED)
+
+    def check_image(self, image: Path | str) -> None:
+        checks.check_image(self.client, self.config, str(image), self.infos, aws_image_source(self.config, self.state))
+
+    def _market(self, group: NodeGroup | None) -> str:
+        return "capacity-block" if self._capacity_block(group) else super()._market(group)
+
+    def machine_price(self, instance_type: str, market: str) -> Price:
+        if market == "capacity-block":
+            return Price(0.0, "a Capacity Block: paid when it was reserved, not by the hour")
+        if market == "spot":
+            return prices.spot(self.client, self.zone, instance_type)
+        return prices.on_demand(self._pricing(), self.aws.region, instance_type)
+
+    @aws_errors
+    def cluster_resources(self) -> list[PlannedResource]:
+        """What provision() makes besides the instances, and whether each is there already (read-only)."""
+        cluster = self.config.cluster_name
+        groups = self.config.node_groups
+        iam_client = self.api("iam")
+        templates = {t["LaunchTemplateName"] for t in resources.find_launch_templates(self.client, cluster)}
+        placement_groups = set(placement.find(self.client, cluster))
+        secrets = {s["Name"] for s in join_secrets.find(self.api("secretsmanager"), cluster)}
+        planned = [("security group", resources.security_group_name(cluster),
+                    bool(resources.find_security_groups(self.client, cluster)))]  # fmt: skip
+        roles = [iam.node_role_name(cluster), iam.head_role_name(cluster)]
+        roles += [iam.jobs_role_name(cluster)] if self.checkpoint_copies else []
+        for name in roles:
+            planned.append(("IAM role and instance profile", name, "role" in iam.find(iam_client, cluster, name)))
+        if any(group.spot for group in groups):
+            planned.append(("service-linked role (the account's)", iam.SPOT_ROLE, iam.spot_role_exists(iam_client)))
+        planned += storage.planned(self.api("efs"), self.api("fsx"), cluster, self.config.storage or [])
+        for group in groups:
+            name = join_secrets.secret_name(cluster, group.name)
+            planned.append(("Secrets Manager secret", name, name in secrets))
+        for nodegroup in ["head", *(group.name for group in groups)]:
+            name = resources.template_name(cluster, nodegroup)
+            planned.append(("launch template", name, name in templates))
+        for group in groups:
+            name = self._placement_group(group)
+            if name and not group.existing_placement_group:
+                planned.append(("placement group", name, name in placement_groups))
+        made = subnet_reservations.made(self.client, self.aws.subnet_id, cluster)
+        planned.append(("subnet CIDR reservations", f"the planned addresses in {self.aws.subnet_id}", made))
+        return [PlannedResource(kind, name, EXISTS if found else CREATE) for kind, name, found in planned]
 
     def billing_leftovers(self) -> BillingCheck:
         """Read-only, after destroy(): instances, EBS volumes, file systems and secrets of the cluster left."""

@@ -165,6 +165,26 @@ def _efs_tagged(efs, cluster: str) -> list[dict]:
     return [fs for fs in _efs_file_systems(efs) if tags.as_dict(fs.get("Tags")).get(tags.CLUSTER) == cluster]
 
 
+def planned(efs, fsx, cluster: str, entries: Iterable) -> list[tuple[str, str, bool]]:
+    """(kind, name, made already) of each file system `cluster up` makes or keeps for the storage
+    entries (read-only: the cluster's tagged file systems, or the one an entry names)."""
+    made = {
+        (kind, tags.as_dict(fs.get("Tags")).get(STORAGE))
+        for kind, found in (("efs", _efs_tagged(efs, cluster)), ("fsx_lustre", _fsx_tagged(fsx, cluster)))
+        for fs in found
+    }
+    result = []
+    for _, entry in _ours(entries):
+        kind = "EFS file system" if entry.type == "efs" else "FSx for Lustre file system"
+        if entry.file_system_id:
+            get = _efs_get if entry.type == "efs" else _fsx_get
+            exists = get(efs if entry.type == "efs" else fsx, entry.file_system_id) is not None
+            result.append((kind, f"{entry.file_system_id} (storage {entry.name})", exists))
+        else:
+            result.append((kind, file_system_name(cluster, entry.name), (entry.type, entry.name) in made))
+    return result
+
+
 def _efs_start(efs, cluster: str, index: int, entry, *, sleep: Sleep, timeout: float) -> str:
     """The entry's file system id: the named one, the cluster's one, or a new one (not waited on)."""
     label = _label(index, entry)

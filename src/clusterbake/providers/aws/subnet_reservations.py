@@ -35,6 +35,11 @@ def _ours(reservation: dict, cluster: str) -> bool:
     return tags.as_dict(reservation.get("Tags")).get(tags.CLUSTER) == cluster
 
 
+def made(client, subnet_id: str, cluster: str) -> bool:
+    """Whether the cluster has reservations in the subnet already."""
+    return any(_ours(reservation, cluster) for reservation in _all(client, subnet_id))
+
+
 def held_by_others(client, subnet_id: str, cluster: str) -> set[str]:
     """Addresses in explicit reservations of the subnet that are not this cluster's."""
     return {

@@ -16,6 +16,7 @@ from functools import cached_property
 from pathlib import Path
 
 from clusterbake.config import ClusterConfig, NodeGroup
+from clusterbake.dry_run import CREATE, EXISTS, PlannedResource
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.gpu_systems import infiniband_expectation
 from clusterbake.images.store import azure_image_source, find_azure_image
@@ -49,7 +50,7 @@ from clusterbake.providers.azure.api import (
     message,
 )
 from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, azure_plan, node_hardware, uses_infiniband
-from clusterbake.providers.base import BillingCheck, CostEstimate
+from clusterbake.providers.base import BillingCheck, CostEstimate, Price
 from clusterbake.providers.cloud import CloudProvider, Machine, Publish
 from clusterbake.providers.userdata import user_data
 from clusterbake.state import StateDir
@@ -679,6 +680,60 @@ class AzureProvider(CloudProvider):
         """Each VM Azure bills compute for, at its priority's price now (billing.py, prices.py)."""
         location = self.azure.location
         return billing.estimate(self.cluster_vms(power=True), lambda size, spot: prices.vm_price(location, size, spot))
+
+    # --- `cluster up --dry-run` (dry_run.py) ---------------------------------------------------
+
+    machine_kind = "VM"
+    cost_not_included = tuple(billing.NOT_INCLUDED)
+
+    def check_image(self, image: Path | str) -> None:
+        self._check_image(str(image))
+
+    def machine_price(self, instance_type: str, market: str) -> Price:
+        return prices.vm_price(self.azure.location, instance_type, market == "spot")
+
+    def _planned_group_resources(self) -> list[tuple[str, str, str, str]]:
+        """(kind, resource group, ARM type, name) of what provision() makes besides the VMs and NICs."""
+        cluster, rg, nodes = self.config.cluster_name, self.azure.resource_group, self.nodes_group
+        network, compute = "Microsoft.Network", "Microsoft.Compute"
+        identities = "Microsoft.ManagedIdentity/userAssignedIdentities"
+        planned = [
+            ("application security group", rg, f"{network}/applicationSecurityGroups", resources.cluster_name(cluster)),
+            ("network security group", rg, f"{network}/networkSecurityGroups", resources.cluster_name(cluster)),
+            ("managed identity (nodes)", rg, identities, resources.identity_name(cluster)),
+            ("Key Vault", rg, "Microsoft.KeyVault/vaults", self.vault_name),
+        ]
+        if self.powered:
+            planned.append(("managed identity (head)", rg, identities, power.head_identity_name(cluster)))
+        accounts = {(s.account, "file shares") for s in storage.shares(self.config) if s.owned}
+        accounts |= {(c.account, "blob containers") for c in blobs.containers(self.config) if c.owned}
+        for account, purpose in sorted(accounts):
+            planned.append((f"storage account ({purpose})", rg, "Microsoft.Storage/storageAccounts", account))
+        for fs in amlfs.file_systems(self.config):
+            if fs.name:
+                planned.append(("Managed Lustre file system", rg, "Microsoft.StorageCache/amlFilesystems", fs.name))
+        for group in self.config.node_groups:
+            name = resources.group_resource_name(cluster, group.name)
+            if self._wants_placement_group(group):
+                planned.append(("proximity placement group", nodes, f"{compute}/proximityPlacementGroups", name))
+            if uses_infiniband(group, self.infos[group.instance_type]):
+                planned.append(("availability set (InfiniBand)", nodes, f"{compute}/availabilitySets", name))
+        return planned
+
+    @azure_errors
+    def cluster_resources(self) -> list[PlannedResource]:
+        """The resource groups and what provision() makes in them, each there already or to create (read-only)."""
+        groups = list(dict.fromkeys([self.azure.resource_group, self.nodes_group]))
+        result, present = [], {}
+        for group in groups:
+            exists = self.clients.resources.resource_groups.check_existence(group)
+            result.append(PlannedResource("resource group", group, EXISTS if exists else CREATE))
+            listed = self.clients.resources.resources.list_by_resource_group(group) if exists else []
+            present[group.lower()] = {(r.type.lower(), r.name.lower()) for r in listed}
+        for kind, group, arm_type, name in self._planned_group_resources():
+            found = (arm_type.lower(), name.lower()) in present.get(group.lower(), set())
+            result.append(PlannedResource(kind, name, EXISTS if found else CREATE))
+        return result
 
     def billing_leftovers(self) -> BillingCheck:
         """Read-only, after destroy(): what of the cluster is left in its resource group and bills."""

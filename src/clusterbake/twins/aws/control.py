@@ -45,6 +45,8 @@ class Ec2TwinControl(TwinControl):
             **env,
             "MOTO_CAPACITY_FILE": str(directory / "capacity.json"),
             "MOTO_FAULTS_FILE": str(directory / "faults.json"),
+            # EC2's vCPU quotas: the twin account's applied values unless this file sets others.
+            "MOTO_QUOTAS_FILE": str(directory / "quotas.json"),
         }
 
     def environment(self, state: StateDir, info: dict) -> dict[str, str]:

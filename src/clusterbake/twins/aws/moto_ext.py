@@ -34,6 +34,8 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   credentials not served for a few seconds; iam_spread.py says how.
 - Secrets Manager's names and keys: a force-deleted name held a while, KmsKeyId as AWS
   describes it; secret_store.py says how.
+- EC2's vCPU quotas in Service Quotas (applied and default values, a test's shortfall from
+  $MOTO_QUOTAS_FILE): service_quotas.py.
 - Capacity reservations and Capacity Blocks: moto has none and launches into any reservation
   id; reservations.py has EC2's (its own docstring says what it checks).
 - Addresses in use: EC2 refuses RunInstances with InvalidIPAddress.InUse when a requested
@@ -135,7 +137,7 @@ from moto.iam.access_control import (
 from moto.iam.exceptions import InvalidInput
 from moto.secretsmanager.responses import SecretsManagerResponse
 
-from clusterbake.twins.aws import ebs_keys, fsx, iam_spread, reservations, secret_store, subnets
+from clusterbake.twins.aws import ebs_keys, fsx, iam_spread, reservations, secret_store, service_quotas, subnets
 from clusterbake.twins.aws.filters import matches
 
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
@@ -848,6 +850,7 @@ def install() -> None:
         **subnets.PATCHES,
         **ebs_keys.PATCHES,
         **fsx.PATCHES,
+        **service_quotas.PATCHES,
     }
     for cls, methods in patches.items():
         for name, method in methods.items():
