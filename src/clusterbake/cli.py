@@ -414,6 +414,25 @@ def cmd_job_report(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_permissions(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config.provider == "local":
+        print("provider local: nothing of a cloud; `make deps` needs root on this machine")
+        return 0
+    if config.provider != "aws":
+        raise ConfigError(
+            f'permissions: provider {config.provider} has no printed role yet; README.md, "From an empty Azure '
+            "subscription\", says what the provider's calls need"
+        )
+    from clusterbake.providers.aws import permissions
+
+    commands = tuple(args.commands.split(","))
+    print(json.dumps(permissions.policy(config, account=args.account, commands=commands), indent=2))
+    for grant in permissions.chosen(config, commands):
+        say(f"    {grant.sid}: {grant.why}")
+    return 0
+
+
 def cmd_twin(args: argparse.Namespace) -> int:
     if args.cloud == "azure":
         from clusterbake.twins.azure import control
@@ -512,6 +531,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="after ansible/cluster.yml ran outside `cluster up` (ops playbooks): hand the join bundles to the "
         "nodes and record the configure as applied",
     ).set_defaults(func=cmd_cluster_publish)
+
+    perms = sub.add_parser(
+        "permissions",
+        help="the least-privilege IAM policy the operator needs for this config (aws), as a policy document",
+    )
+    perms.add_argument("--account", default="*", help="the account id in the resource ARNs (default: *)")
+    perms.add_argument(
+        "--commands", default="cluster,image", help="cluster (up, down, status, node, ops, job), image, or both"
+    )
+    perms.set_defaults(func=cmd_permissions)
 
     ssh = sub.add_parser("ssh", help="run a command on a node (head answers to `head`)")
     ssh.add_argument("node")

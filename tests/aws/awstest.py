@@ -196,3 +196,67 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
             yield Moto(url, capacity_file, env, root / "console", root / "faults.json", root / "quotas.json")
         finally:
             stop_server(server)
+
+
+ACCOUNT = "123456789012"  # moto's account
+
+
+@dataclass
+class Authorizing:
+    """A moto server with IAM authorization on (after the three requests that make its administrator)."""
+
+    moto: Moto
+    admin: dict[str, str]  # the administrator's access key (boto3 keyword arguments)
+
+    def client(self, service: str, **credentials):
+        """A client as the administrator, or as `credentials`."""
+        return boto3.client(service, region_name=REGION, endpoint_url=self.moto.url, **(credentials or self.admin))
+
+    @property
+    def admin_env(self) -> dict[str, str]:
+        """The CLI's environment as the administrator."""
+        return {**self.moto.env, "AWS_ACCESS_KEY_ID": self.admin["aws_access_key_id"],
+                "AWS_SECRET_ACCESS_KEY": self.admin["aws_secret_access_key"]}  # fmt: skip
+
+    def user(self, name: str, policy: dict) -> dict[str, str]:
+        """An IAM user held to `policy`: the CLI's environment with its access key."""
+        iam = self.client("iam")
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        return {
+            **self.moto.env,
+            "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+        }
+
+    def session(self, name: str, policy: dict) -> dict:
+        """A role `name` with `policy`, assumable by the administrator: its session's credentials."""
+        admin_arn = f"arn:aws:iam::{ACCOUNT}:user/admin"
+        trust = {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": {"AWS": admin_arn}, "Action": "sts:AssumeRole"}
+        ]}  # fmt: skip
+        roles = self.client("iam")
+        roles.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))
+        roles.put_role_policy(RoleName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+        found = self.client("sts").assume_role(RoleArn=f"arn:aws:iam::{ACCOUNT}:role/{name}", RoleSessionName=name)
+        credentials = found["Credentials"]
+        return {
+            "aws_access_key_id": credentials["AccessKeyId"],
+            "aws_secret_access_key": credentials["SecretAccessKey"],
+            "aws_session_token": credentials["SessionToken"],
+        }
+
+
+@contextmanager
+def authorizing_server(root: Path) -> Iterator[Authorizing]:
+    root.mkdir(parents=True, exist_ok=True)
+    with moto_server(root, INITIAL_NO_AUTH_ACTION_COUNT="3") as server:
+        setup = server.client("iam")
+        setup.create_user(UserName="admin")
+        everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        setup.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(everything))
+        key = setup.create_access_key(UserName="admin")["AccessKey"]
+        yield Authorizing(
+            server, {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+        )

@@ -20,21 +20,18 @@ documents that boto3 decodes into dicts.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
-import boto3
 import botocore.session
 import pytest
-from awstest import moto_server
+from awstest import ACCOUNT, authorizing_server
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.providers.aws import api, iam, secrets
 
-ACCOUNT = "123456789012"  # moto's account
 REGION = "us-east-1"
 
 
@@ -374,47 +371,12 @@ def test_a_replaced_bundle_keeps_no_stage(moto):
     secrets.delete_all(sm, "stage")
 
 
-@contextlib.contextmanager
-def authorizing_server(root):
-    """A moto server with IAM authorization on, and a client maker: client(service) as its
-    administrator (made in the three requests before authorization starts), client(service,
-    **credentials) as someone else; a role `name` with `policy`, assumable by the administrator:
-    session(name, policy) gives its session's credentials."""
-    with moto_server(root, INITIAL_NO_AUTH_ACTION_COUNT="3") as server:
-        setup = server.client("iam")
-        setup.create_user(UserName="admin")
-        everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-        setup.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(everything))
-        key = setup.create_access_key(UserName="admin")["AccessKey"]
-        admin = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
-
-        def client(service: str, **credentials):
-            return boto3.client(service, region_name=REGION, endpoint_url=server.url, **(credentials or admin))
-
-        def session(name: str, policy: dict) -> dict:
-            admin_arn = f"arn:aws:iam::{ACCOUNT}:user/admin"
-            trust = {"Version": "2012-10-17", "Statement": [
-                {"Effect": "Allow", "Principal": {"AWS": admin_arn}, "Action": "sts:AssumeRole"}
-            ]}  # fmt: skip
-            roles = client("iam")
-            roles.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))
-            roles.put_role_policy(RoleName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
-            found = client("sts").assume_role(RoleArn=f"arn:aws:iam::{ACCOUNT}:role/{name}", RoleSessionName=name)
-            credentials = found["Credentials"]
-            return {
-                "aws_access_key_id": credentials["AccessKeyId"],
-                "aws_secret_access_key": credentials["SecretAccessKey"],
-                "aws_session_token": credentials["SessionToken"],
-            }
-
-        yield client, session
-
-
 def test_the_node_policy_reads_only_the_current_bundle(tmp_path_factory):
     """The node policy as iam.node_policy writes it, evaluated by the EC2 twin's IAM (moto's, with
     the twin's conditions) with authorization on: the current version with its stage named, nothing
     else, not an old version by id nor the stage a request leaves out."""
-    with authorizing_server(tmp_path_factory.mktemp("moto-auth")) as (client, session):
+    with authorizing_server(tmp_path_factory.mktemp("moto-auth")) as twin:
+        client, session = twin.client, twin.session
         sm = client("secretsmanager")
         name = "clusterbake/reader/join/cpu"
         secrets.ensure_secret(sm, "reader", "cpu")
@@ -562,7 +524,8 @@ def test_a_fresh_accounts_first_spot_launch_needs_the_spot_role_the_controller_m
     """realcloud review A2, with authorization on: a role that may launch instances but not create
     service-linked roles (the head's) cannot launch the account's first Spot instance, as on EC2;
     once the controller made AWSServiceRoleForEC2Spot (`cluster up` with a Spot group) it can."""
-    with authorizing_server(tmp_path_factory.mktemp("moto-spot")) as (client, session):
+    with authorizing_server(tmp_path_factory.mktemp("moto-spot")) as twin:
+        client, session = twin.client, twin.session
         launches = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]}
         ec2 = client("ec2", **session("launcher", launches))
         roles = client("iam")
@@ -593,7 +556,8 @@ def test_volumes_under_a_key_the_launcher_may_not_use_end_the_instance_and_the_p
     failure instead of "ok". With the head policy's KMS statements (through EC2 only) it runs."""
     import programs
 
-    with authorizing_server(tmp_path_factory.mktemp("moto-cmk")) as (client, session):
+    with authorizing_server(tmp_path_factory.mktemp("moto-cmk")) as twin:
+        client, session = twin.client, twin.session
         admin_ec2, kms = client("ec2"), client("kms")
         key = kms.create_key()["KeyMetadata"]["Arn"]
         admin_ec2.enable_ebs_encryption_by_default()
@@ -635,7 +599,8 @@ def test_volumes_under_a_key_the_launcher_may_not_use_end_the_instance_and_the_p
 def test_a_launch_checks_every_resource_it_makes_or_names_and_the_tags_it_puts_on(tmp_path_factory):
     """realcloud review D3, with authorization on: RunInstances needs its volumes and interfaces, key
     pair and placement group, and ec2:CreateTags (ec2:CreateAction RunInstances) for what it tags."""
-    with authorizing_server(tmp_path_factory.mktemp("moto-run")) as (client, session):
+    with authorizing_server(tmp_path_factory.mktemp("moto-run")) as twin:
+        client, session = twin.client, twin.session
         admin = client("ec2")
         image = admin.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         admin.create_key_pair(KeyName="team-key")

@@ -34,6 +34,8 @@ seen in moto 5.2.5 against EC2's documented behaviour:
   credentials not served for a few seconds; iam_spread.py says how.
 - Secrets Manager's names and keys: a force-deleted name held a while, KmsKeyId as AWS
   describes it; secret_store.py says how.
+- A record of the calls served (service, action, caller's access key id) in $MOTO_CALLS_FILE, when
+  set: what an operator's policy must allow (clusterbake permissions).
 - EC2's vCPU quotas in Service Quotas (applied and default values, a test's shortfall from
   $MOTO_QUOTAS_FILE): service_quotas.py.
 - Capacity reservations and Capacity Blocks: moto has none and launches into any reservation
@@ -135,6 +137,7 @@ from moto.iam.access_control import (
     PermissionResult,
 )
 from moto.iam.exceptions import InvalidInput
+from moto.iam.responses import IamResponse
 from moto.secretsmanager.responses import SecretsManagerResponse
 
 from clusterbake.twins.aws import ebs_keys, fsx, iam_spread, reservations, secret_store, service_quotas, subnets
@@ -414,7 +417,20 @@ class InjectedFault(ServiceException):
 _call_action = BaseResponse.call_action
 
 
+def _record_call(response: BaseResponse) -> None:
+    """One line per call into $MOTO_CALLS_FILE, when set: service, action and the caller's access key id
+    (the calls an operator's permissions must allow: tests/aws/test_permissions.py)."""
+    path = os.environ.get("MOTO_CALLS_FILE")
+    if not path:
+        return
+    found = re.search(r"Credential=([^/,\s]+)/", response.headers.get("Authorization", ""))
+    line = {"service": response.service_name, "action": response._get_action(), "key": found[1] if found else ""}
+    with open(path, "a") as calls:
+        calls.write(json.dumps(line) + "\n")
+
+
 def call_action(self: BaseResponse):
+    _record_call(self)
     fault = _take_fault(self._get_action())
     if fault is None:
         return _call_action(self)
@@ -772,6 +788,28 @@ def _secret_resource(self: SecretsManagerResponse) -> str:
     return f"arn:aws:secretsmanager:{self.region}:{self.current_account}:secret:{secret_id}"
 
 
+def _iam_resource(self: IamResponse) -> str:
+    """The resource IAM authorizes an IAM call against, as AWS's service authorization reference says:
+    the instance profile for its own actions (AddRoleToInstanceProfile included), else the role, a
+    service-linked role by its service's path; moto gives a role's ARN only once the role exists, so
+    a policy scoped to role ARNs could not allow CreateRole there."""
+    data = self.data
+    prefix = f"arn:{self.partition}:iam::{self.current_account}"
+    path = (data.get("Path") or ["/"])[0]
+    if data.get("InstanceProfileName"):
+        name = data["InstanceProfileName"][0]
+        profile = next((p for p in self.backend.instance_profiles.values() if p.name == name), None)
+        return profile.arn if profile else f"{prefix}:instance-profile{path}{data['InstanceProfileName'][0]}"
+    if data.get("RoleName"):
+        role = next((r for r in self.backend.roles.values() if r.name == data["RoleName"][0]), None)
+        return role.arn if role else f"{prefix}:role{path}{data['RoleName'][0]}"
+    if self._get_action() == "CreateServiceLinkedRole" and data.get("AWSServiceName"):
+        service = data["AWSServiceName"][0]
+        name = iam_models.SERVICE_NAME_CONVERSION.get(service.split(".")[0], service.split(".")[0])
+        return f"{prefix}:role/aws-service-role/{service}/AWSServiceRoleFor{name}"
+    return "*"
+
+
 _check_action_permitted = IAMRequestBase.check_action_permitted
 
 
@@ -843,6 +881,7 @@ def install() -> None:
             "_authenticate_and_authorize_normal_action": authorize_secrets,
         },
         IAMRequestBase: {"_create_aws_request": create_aws_request, "check_action_permitted": check_action_permitted},
+        IamResponse: {"_determine_resource": _iam_resource},
         IAMPolicyStatement: {"_check_principal": check_principal},
         iam_models.IAMBackend: {"create_service_linked_role": create_service_linked_role},
         BaseResponse: {"call_action": call_action},
