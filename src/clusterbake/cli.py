@@ -81,6 +81,8 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     from clusterbake import dry_run
 
+    if args.json and not args.dry_run:
+        raise ConfigError("--json: the plan of --dry-run only (cluster status --json for the cluster)")
     config = _load(args)
     summary = cluster.up(
         config,
@@ -426,7 +428,10 @@ def cmd_permissions(args: argparse.Namespace) -> int:
         )
     from clusterbake.providers.aws import permissions
 
-    commands = tuple(args.commands.split(","))
+    commands = tuple(c.strip() for c in args.commands.split(","))
+    unknown = sorted(set(commands) - {"cluster", "image"})
+    if unknown:
+        raise ConfigError(f"--commands: {', '.join(unknown)}: the commands are cluster and image")
     print(json.dumps(permissions.policy(config, account=args.account, commands=commands), indent=2))
     for grant in permissions.chosen(config, commands):
         say(f"    {grant.sid}: {grant.why}")
