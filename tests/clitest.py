@@ -99,3 +99,16 @@ def assert_up_refused(
         cluster.up(load_config(path), path, provision_only=True)
     assert info.value.exit_code == status, str(info.value)
     assert expected in str(info.value)
+
+
+# A cluster's life through the CLI, without nodes of its own (the permission tests run it on each twin):
+# what the operator's permissions must allow.
+CLUSTER_LIFE = (
+    ("cluster", "up", "--dry-run"),
+    ("cluster", "up", "--provision-only"),
+    ("cluster", "up", "--provision-only"),
+    ("cluster", "status"),
+    ("node", "stop", "gpu-1"),
+    ("node", "start", "gpu-1"),
+    ("cluster", "down"),
+)

@@ -421,11 +421,13 @@ def cmd_permissions(args: argparse.Namespace) -> int:
     if config.provider == "local":
         print("provider local: nothing of a cloud; `make deps` needs root on this machine")
         return 0
-    if config.provider != "aws":
-        raise ConfigError(
-            f'permissions: provider {config.provider} has no printed role yet; README.md, "From an empty Azure '
-            "subscription\", says what the provider's calls need"
-        )
+    if config.provider == "azure":
+        from clusterbake.providers.azure import permissions as azure_permissions
+
+        print(json.dumps(azure_permissions.role_definition(config), indent=2))
+        for grant in azure_permissions.chosen(config):
+            say(f"    {grant.name}: {grant.why}")
+        return 0
     from clusterbake.providers.aws import permissions
 
     commands = tuple(c.strip() for c in args.commands.split(","))
@@ -539,7 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     perms = sub.add_parser(
         "permissions",
-        help="the least-privilege IAM policy the operator needs for this config (aws), as a policy document",
+        help="what the operator needs for this config: aws, an IAM policy document (--account, --commands); "
+        "azure, a custom role (az role definition create --role-definition @file)",
     )
     perms.add_argument("--account", default="*", help="the account id in the resource ARNs (default: *)")
     perms.add_argument(

@@ -17,6 +17,8 @@ import boto3
 import yaml
 from clitest import run_cli, run_inventory, stop_server
 
+from clusterbake.twins.aws.egress import add_nat_route
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 REGION = "us-east-1"
@@ -85,6 +87,16 @@ class Network:
     subnet_id: str
     other_subnet_id: str  # in another VPC
     ami_id: str
+
+
+def make_network(ec2) -> Network:
+    vpc = ec2.create_vpc(CidrBlock="10.50.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.50.0.0/20", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    other_vpc = ec2.create_vpc(CidrBlock="10.60.0.0/16")["Vpc"]["VpcId"]
+    other = ec2.create_subnet(VpcId=other_vpc, CidrBlock="10.60.0.0/20", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    add_nat_route(ec2, vpc, subnet)  # the nodes' way to Secrets Manager (checked before `cluster up`)
+    images = ec2.describe_images(Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"]
+    return Network(vpc, subnet, other, sorted(i["ImageId"] for i in images)[0])
 
 
 def example_config(network: Network, **changes) -> dict:

@@ -11,19 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from awstest import ZONE, Moto, Network, moto_server
-
-from clusterbake.twins.aws.egress import add_nat_route
-
-
-def make_network(ec2) -> Network:
-    vpc = ec2.create_vpc(CidrBlock="10.50.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.50.0.0/20", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
-    other_vpc = ec2.create_vpc(CidrBlock="10.60.0.0/16")["Vpc"]["VpcId"]
-    other = ec2.create_subnet(VpcId=other_vpc, CidrBlock="10.60.0.0/20", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
-    add_nat_route(ec2, vpc, subnet)  # the nodes' way to Secrets Manager (checked before `cluster up`)
-    images = ec2.describe_images(Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"]
-    return Network(vpc, subnet, other, sorted(i["ImageId"] for i in images)[0])
+from awstest import Moto, Network, make_network, moto_server
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from awstest import ACCOUNT, REGION, authorizing_server, example_config, moto_server, run_cb
-from clitest import run_cli, write_config
-from conftest import make_network
+from awstest import ACCOUNT, REGION, authorizing_server, example_config, make_network, moto_server, run_cb
+from clitest import CLUSTER_LIFE, run_cli, write_config
 
 from clusterbake.config import load_config
 from clusterbake.images.store import write_aws_record
@@ -29,15 +28,6 @@ STORAGE = [
     {"name": "home", "mount_point": "/home", "type": "efs"},
     {"name": "scratch", "mount_point": "/scratch", "type": "fsx_lustre"},
 ]
-LIFE = (
-    ("cluster", "up", "--dry-run"),
-    ("cluster", "up", "--provision-only"),
-    ("cluster", "up", "--provision-only"),
-    ("cluster", "status"),
-    ("node", "stop", "gpu-1"),
-    ("node", "start", "gpu-1"),
-    ("cluster", "down"),
-)
 
 
 def _policy(state_dir: Path, config: dict) -> dict:
@@ -55,7 +45,7 @@ def test_every_call_of_a_clusters_life_is_in_the_printed_policy(tmp_path):
         write_aws_record(StateDir(state), network.ami_id, REGION)
         config = example_config(network, cluster_name="perms", node_groups=GROUPS, storage=STORAGE, partitions=[])
         calls.write_text("")  # the setup's calls are not the operator's
-        for args in LIFE:
+        for args in CLUSTER_LIFE:
             run_cb(moto, state, config, *args, timeout=300)
         made = {(c["service"], c["action"]) for c in map(json.loads, calls.read_text().splitlines())}
         printed = run_cb(moto, state, config, "permissions", "--account", ACCOUNT, "--commands", "cluster")

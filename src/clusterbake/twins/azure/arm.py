@@ -42,7 +42,9 @@ behind the CONNECT proxy in services.py:
   servers reach it, else why not: lustre.py), `GET /_twin/vms/<name>/custom-data` (what a VM was
   given), `GET|PUT /_twin/spread` `{"rbac": s, "identity": s}` (replication.py: how long RBAC
   writes and new identities take to take effect; $ARM_TWIN_RBAC_SPREAD and
-  $ARM_TWIN_IDENTITY_SPREAD at start, default 3).
+  $ARM_TWIN_IDENTITY_SPREAD at start, default 3), `GET|PUT /_twin/controller` `{"restricted": true}`
+  (the controller held to its role assignments like any principal, not the subscription's owner;
+  `actions`: what its requests needed since the last PUT, linked actions included: rbac.required).
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ class Twin:
         self.key = secrets.token_bytes(32)
         self.identity_header = identity_header or secrets.token_hex(16)
         self.controller_oid = str(state.guid("controller"))
+        # The controller: the subscription's owner unless restricted (PUT /_twin/controller), when its role
+        # assignments decide as for any principal; the actions of its requests are recorded either way.
+        self.controller_restricted = False
+        self.controller_actions: set[str] = set()
         self.state_file = directory / "state.json"
         self.base_url = ""  # set once listening
         self.blob_root: Path | None = None  # where the blob containers' files are (the twin's node storage)
@@ -225,8 +231,10 @@ class ArmHandler(Handler):
             )
         self.claims = self.twin.verify(self.headers.get("Authorization"), ARM_AUDIENCE)
         self.controller = controller = self.claims["oid"] == self.twin.controller_oid
-        if not controller:
-            self.authorize(path, body)  # a managed identity: its role assignments decide (rbac.py)
+        if controller:
+            self.record_controller_actions(path, body)
+        if not controller or self.twin.controller_restricted:
+            self.authorize(path, body)  # a managed identity (or a restricted operator): its role assignments decide
         state.actor = (self.claims["appid"], "Application" if controller else "ManagedIdentity")
         parts = [p for p in path.split("/") if p]
         lower = [p.lower() for p in parts]
@@ -261,6 +269,12 @@ class ArmHandler(Handler):
         raise ArmError(404, "InvalidResourceType", f"The resource path '{path}' is not known to this twin.")
 
     # --- role definitions and assignments (rbac.py) ------------------------------------------
+
+    def record_controller_actions(self, path: str, body) -> None:
+        needed = rbac.required(self.command, path, body if isinstance(body, dict) else {})
+        if needed is not None:
+            action, _, linked = needed
+            self.twin.controller_actions |= {action, *(linked_action for linked_action, _ in linked)}
 
     def authorize(self, path: str, body) -> None:
         """ARM's RBAC for a principal that is not the subscription's owner (the controller): the request's
@@ -332,6 +346,12 @@ class ArmHandler(Handler):
             raise Reply(200, state.quota)
         if path == "/_twin/strict" and self.command == "PUT":
             raise Reply(200, state.set_strict(body if isinstance(body, dict) else {}))
+        if path == "/_twin/controller" and self.command in ("GET", "PUT"):
+            if self.command == "PUT":  # {"restricted": bool}: starts a new record of its actions
+                self.twin.controller_restricted = bool((body or {}).get("restricted"))
+                self.twin.controller_actions = set()
+            raise Reply(200, {"object_id": self.twin.controller_oid, "restricted": self.twin.controller_restricted,
+                              "actions": sorted(self.twin.controller_actions)})  # fmt: skip
         if path == "/_twin/strict" and self.command == "GET":
             raise Reply(200, state.strict)
         if path == "/_twin/spread" and self.command in ("GET", "PUT"):

@@ -335,6 +335,15 @@ def _values(document, path: str) -> list[str]:
     return [c for c in current if isinstance(c, str) and c]
 
 
+VERBS = {"GET": "read", "HEAD": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}  # HTTP -> action
+
+
+def rbac_extension(method: str, namespace: str, tail: list[str]) -> str | None:
+    """The action of a request for an extension resource (namespace, then type/name pairs)."""
+    verb = VERBS.get(method)
+    return f"{namespace}/{'/'.join(tail[0::2])}/{verb}" if verb else None
+
+
 def required(method: str, path: str, body) -> tuple[str, str, list[tuple[str, str]]] | None:
     """(action, scope, [(linked action, linked scope)]) of an ARM request, or None when the twin does
     not authorize it (operation status polls, SKU and usage listings, the subscription itself)."""
@@ -344,10 +353,16 @@ def required(method: str, path: str, body) -> tuple[str, str, list[tuple[str, st
         return None
     group_scope = "/" + "/".join(parts[:4])
     if len(parts) == 4:
-        verb = {"GET": "read", "HEAD": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}.get(method)
+        verb = VERBS.get(method)
         return (f"Microsoft.Resources/subscriptions/resourceGroups/{verb}", group_scope, []) if verb else None
     if len(parts) == 5 or lower[4] != "providers" or len(parts) < 7:
         return None
+    last = max(i for i, part in enumerate(lower) if part == "providers")
+    if last > 4 and len(parts) > last + 2:
+        # An extension resource below another one (a role assignment on an NSG): its own provider's
+        # action (Microsoft.Authorization/roleAssignments/write), at the parent resource's scope.
+        extension = rbac_extension(method, parts[last + 1], parts[last + 2 :])
+        return (extension, "/" + "/".join(parts[:last]), []) if extension else None
     namespace, tail = parts[5], parts[6:]
     types, names = tail[0::2], tail[1::2]
     action = None
@@ -362,7 +377,7 @@ def required(method: str, path: str, body) -> tuple[str, str, list[tuple[str, st
     kind = "/".join([namespace, *types])
     if action is not None:
         return f"{kind}/{action}", scope, []
-    verb = {"GET": "read", "HEAD": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}.get(method)
+    verb = VERBS.get(method)
     if verb is None:
         return None
     linked = []
