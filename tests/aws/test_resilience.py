@@ -87,19 +87,20 @@ def test_cluster_up_and_down_ride_out_a_fault_on_each_api_they_call(moto, networ
 def test_a_nodes_bundle_fetch_rides_out_dropped_connections_and_5xx(moto, faults, aws_env, capsys):
     """realcloud review C1: the node's boot program keeps trying Secrets Manager when it does not
     answer (botocore's own 5 attempts used up), logging why each time, instead of giving up."""
-    moto.client("secretsmanager").create_secret(Name="clusterbake/flaky/join/cpu", SecretString='{"bundle": 1}')
+    # Not the name the cluster test above makes and force-deletes: the twin holds a deleted name a while.
+    moto.client("secretsmanager").create_secret(Name="clusterbake/flakyboot/join/cpu", SecretString='{"bundle": 1}')
     boot = programs.load_program(
         "clusterbake_node_boot", REPO / "roles" / "cloud_boot" / "files" / "clusterbake-node-boot"
     )
-    source = {"secret_id": "clusterbake/flaky/join/cpu", "region": REGION, "endpoint_url": moto.url}
+    source = {"secret_id": "clusterbake/flakyboot/join/cpu", "region": REGION, "endpoint_url": moto.url}
     faults({"GetSecretValue": {"fault": "drop", "times": 7}})
     assert boot.aws_secret(source, metadata=None) == '{"bundle": 1}'
     faults({"GetSecretValue": {"fault": "InternalError", "times": 6}})
     assert boot.aws_secret(source, metadata=None) == '{"bundle": 1}'
     assert moto.faults_left() == {}
     err = capsys.readouterr().err
-    assert "waiting for Secrets Manager (secret clusterbake/flaky/join/cpu): Connection was closed" in err
-    assert "waiting for Secrets Manager (secret clusterbake/flaky/join/cpu): InternalError" in err
+    assert "waiting for Secrets Manager (secret clusterbake/flakyboot/join/cpu): Connection was closed" in err
+    assert "waiting for Secrets Manager (secret clusterbake/flakyboot/join/cpu): InternalError" in err
 
 
 def _node_at(ec2, network, address: str, name: str) -> NodeLaunch:
