@@ -154,7 +154,7 @@ class AzureConfig(Strict):
         None,
         pattern=r"^(/subscriptions/[^\s]+|[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+)$",
         description="Node image: a resource id (managed image or gallery image version) or a marketplace URN "
-        "publisher:offer:sku:version; default: the image of the last `make image PROVIDER=azure` "
+        "publisher:offer:sku:version; default: the image of the last `make image CONFIG=<this file>` "
         "(<state_dir>/images/azure-latest.json).",
     )
     key_vault_name: str | None = Field(
