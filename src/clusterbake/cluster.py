@@ -51,7 +51,8 @@ def up(
     if limit is None:
         limit, source = config.max_cost_per_hour, "max_cost_per_hour"
     if dry_run or limit is not None:
-        provider.check_image(image)
+        if dry_run:  # a real `up` checks it in provision()
+            provider.check_image(image)
         with phase("plan and price (read-only)"):
             plan = dry_run_plan(provider)
         if dry_run:  # the caller shows the plan, then applies the limit

@@ -64,13 +64,9 @@ def plan(provider) -> DryRun:
         made = states.get(node.name, "absent") != "absent"
         action = EXISTS if made else (ELASTIC if node.name in elastic else CREATE)
         resources.append(PlannedResource(provider.machine_kind, node.name, action))
-    prices: dict[tuple[str, str], object] = {}
     machines = []
     for name, instance_type, market, _ in provider.planned_machines():
-        key = (instance_type, market)
-        if key not in prices:
-            prices[key] = provider.machine_price(instance_type, market)
-        price = prices[key]
+        price = provider.machine_price(instance_type, market)  # the price modules ask once per process
         machines.append(MachineCost(name, "", instance_type, market, price.usd_per_hour, price.source))
     cost = CostEstimate(machines, not_included=list(provider.cost_not_included))
     return DryRun(resources, cost, elastic)

@@ -10,8 +10,9 @@ login user, by way of its bastion if any.
 
 from __future__ import annotations
 
+import fnmatch
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from clusterbake import remote
 from clusterbake.config import ClusterConfig
@@ -173,3 +174,8 @@ def check_fallback_types(field: str, infos: list) -> None:
                 f"{where}: {info.name} has {have}, the primary {primary.name} {', '.join(short)}; "
                 "a fallback type needs at least the primary's GPUs"
             )
+
+
+def action_allowed(patterns: Iterable[str], action: str) -> bool:
+    """Whether a pattern names `action`, as IAM and ARM match them: case-insensitive, `*` a wildcard."""
+    return any(fnmatch.fnmatchcase(action.lower(), pattern.lower()) for pattern in patterns)

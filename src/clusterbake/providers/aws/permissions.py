@@ -15,12 +15,12 @@ enforces IAM (moto's evaluation, with the twin's resource ARNs).
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from clusterbake.config import ClusterConfig
 from clusterbake.providers.aws import iam
+from clusterbake.providers.common import action_allowed
 
 # The roles and profiles live under the path /clusterbake/ (iam.PATH); a call naming one that does not
 # exist yet is authorized against its name without the path: both match.
@@ -263,11 +263,10 @@ def policy(config: ClusterConfig, account: str = "*", commands: tuple[str, ...] 
 def allowed(document: dict, action: str) -> bool:
     """Whether some statement of `document` allows `action` (its name only: IAM's case-insensitive
     match with wildcards)."""
-    for statement in document["Statement"]:
-        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-        if any(fnmatch.fnmatchcase(action.lower(), pattern.lower()) for pattern in actions):
-            return True
-    return False
+    return any(
+        action_allowed(s["Action"] if isinstance(s["Action"], list) else [s["Action"]], action)
+        for s in document["Statement"]
+    )
 
 
 def chosen(config: ClusterConfig, commands: tuple[str, ...]) -> list[Grant]:

@@ -196,8 +196,7 @@ class AwsProvider(CloudProvider):
     @aws_errors
     def provision(self, image: Path | str | None) -> None:
         ami_id = str(image) if image else find_aws_image(self.config, self.state)
-        source = aws_image_source(self.config, self.state)
-        checks.check_image(self.client, self.config, ami_id, self.infos, source)
+        self.check_image(ami_id)
 
         self.cluster.ensure_secrets()
         cluster = self.config.cluster_name

@@ -13,11 +13,11 @@ principal, an operator with only this role brings a cluster up and down.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from clusterbake.config import AmlfsStorage, AzureBlobStorage, AzureFilesStorage, ClusterConfig
+from clusterbake.providers.common import action_allowed
 
 
 def _always(config: ClusterConfig) -> bool:
@@ -166,4 +166,4 @@ def role_definition(config: ClusterConfig) -> dict:
 
 def allowed(role: dict, action: str) -> bool:
     """Whether the role's Actions allow `action` (ARM matches them case-insensitively, `*` a wildcard)."""
-    return any(fnmatch.fnmatch(action.lower(), pattern.lower()) for pattern in role["Actions"])
+    return action_allowed(role["Actions"], action)

@@ -175,17 +175,17 @@ class AzureProvider(CloudProvider):
         checks.check_quota(self.config, self.clients.compute, self._infos, set(self.cluster_vms()))
         self.addresses()  # a subnet too small for the planned nodes is a config error
 
-    def _check_image(self, image: str) -> None:
+    def check_image(self, image: Path | str) -> None:
         """The image exists, boots on every size and takes azure.security_type (image_facts)."""
         field = azure_image_source(self.config, self.state)
-        facts = image_facts.read(self.clients.compute, image, field)
+        facts = image_facts.read(self.clients.compute, str(image), field)
         sizes = [(f, self.infos[size]) for f, size in common.instance_type_fields(self.config)]
-        image_facts.check_fits(facts, image, field, self.azure.security_type, sizes)
+        image_facts.check_fits(facts, str(image), field, self.azure.security_type, sizes)
 
     @azure_errors
     def provision(self, image: Path | str | None) -> None:
         image = str(image) if image else self.find_image()
-        self._check_image(image)
+        self.check_image(image)
         rg = self.azure.resource_group
         self.cluster.ensure_secrets()
         self._ensure_group()
@@ -685,9 +685,6 @@ class AzureProvider(CloudProvider):
 
     machine_kind = "VM"
     cost_not_included = tuple(billing.NOT_INCLUDED)
-
-    def check_image(self, image: Path | str) -> None:
-        self._check_image(str(image))
 
     def machine_price(self, instance_type: str, market: str) -> Price:
         return prices.vm_price(self.azure.location, instance_type, market == "spot")
