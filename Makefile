@@ -9,13 +9,16 @@ VENV := .venv
 CB := $(VENV)/bin/clusterbake --config $(CONFIG)
 # nftables: the tests load the cloud nodes' metadata guard (roles/cloud_boot) into a namespace.
 HOST_PACKAGES := systemd-container debootstrap packer iproute2 openssh-client openssh-server python3-venv git rsync nftables
+# The tests' own: a directory server the local cluster's SSSD reads (tests/integration/directory.py),
+# run by the tests as a process of their own (never the system's slapd: it is left unconfigured).
+TEST_PACKAGES := slapd ldap-utils openssl
 STAMP_VENV := $(VENV)/.installed
 # The node programs (roles/*/files) are Python without a .py name: found by their shebang.
 NODE_PROGRAMS := $(shell grep -ls '^\#!.*python' roles/*/files/*) $(wildcard roles/*/files/*/*.py)
 PY_SOURCES := src tests bench inventories examples scripts/jobs $(NODE_PROGRAMS)
 
 .DEFAULT_GOAL := help
-.PHONY: help deps venv lock validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench
+.PHONY: help deps test-deps venv lock validate image cluster job status destroy twin twin-destroy lint test test-unit test-integration bench
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -24,6 +27,14 @@ deps: ## Install the host packages (apt) the local provider needs
 	@missing=$$(for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "==> apt-get install $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+test-deps: deps ## Install the host packages the tests need besides the provider's (apt)
+	@missing=$$(for p in $(TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "==> apt-get install $$missing"; \
+	  echo 'slapd slapd/no_configuration boolean true' | debconf-set-selections; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
 
@@ -91,13 +102,13 @@ lint: venv ## ruff, yamllint, ansible-lint (production), packer fmt/validate
 # (build/test-times.json: phases, lanes, modules, fixtures, cluster boots); lane logs in build/.
 OFFLINE_TESTS := tests/unit tests/aws tests/azure tests/security
 
-test: deps venv ## Unit and integration tests (builds the images they boot), then the time table
+test: test-deps venv ## Unit and integration tests (builds the images they boot), then the time table
 	$(VENV)/bin/python tests/suite.py
 
 test-unit: venv ## Unit tests only (no root, no nodes)
 	$(VENV)/bin/pytest -v -n auto --dist loadfile $(OFFLINE_TESTS)
 
-test-integration: deps venv ## Integration tests on a real local cluster
+test-integration: test-deps venv ## Integration tests on a real local cluster
 	$(VENV)/bin/pytest -v tests/integration
 
 bench: deps venv ## Bring-up and training benchmarks (JSON in bench/results/)

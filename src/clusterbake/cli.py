@@ -11,7 +11,14 @@ import time
 from pathlib import Path
 
 from clusterbake import cluster
-from clusterbake.config import DEFAULT_CONFIG, ClusterConfig, check_accounting_files, extra_ca_files, load_config
+from clusterbake.config import (
+    DEFAULT_CONFIG,
+    ClusterConfig,
+    check_accounting_files,
+    check_directory_files,
+    extra_ca_files,
+    load_config,
+)
 from clusterbake.errors import ClusterbakeError, CommandFailed, ConfigError
 from clusterbake.progress import say
 from clusterbake.providers import get_provider
@@ -29,10 +36,12 @@ def _load(args: argparse.Namespace) -> ClusterConfig:
 def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args)
     check_accounting_files(config)
+    check_directory_files(config)
     static = sum(g.static_count for g in config.node_groups)
     elastic = sum(g.max_nodes - g.static_count for g in config.node_groups)
     extra = f" + up to {elastic} elastic" if elastic else ""
-    shape = f"1 head, {static} compute{extra}"
+    login = f"{config.login_nodes.count} login, " if config.login_nodes else ""
+    shape = f"1 head, {login}{static} compute{extra}"
     print(f"{_config_path(args)}: valid ({config.provider} cluster {config.cluster_name}: {shape})")
     if config.provider == "local":
         from clusterbake.providers.local.provider import LocalProvider
@@ -210,6 +219,21 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     words = args.extra or args.command
     # As with ssh: the words are joined into one shell command line (`-- 'squeue | wc -l'` works).
     return remote.interactive(provider.endpoint(args.node), " ".join(words) if words else None)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from clusterbake import rest_api
+
+    config = _load(args)
+    token = rest_api.issue(config, get_provider(config), args.user, args.lifespan)
+    print(f"SLURM_JWT={token.jwt}")
+    print(
+        f"a token for {token.user}, valid {token.lifespan} s: send it to {token.url}/slurm/{rest_api.API_VERSION}/... "
+        f"from the cluster's network with headers X-SLURM-USER-NAME: {token.user} and X-SLURM-USER-TOKEN "
+        "(docs/users.md)",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -554,6 +578,13 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("node")
     ssh.add_argument("command", nargs="*", help="the command (after --)")
     ssh.set_defaults(func=cmd_ssh)
+
+    token = sub.add_parser(
+        "token", help="a JSON Web Token of a cluster user for Slurm's REST API (rest_api.enabled): SLURM_JWT=..."
+    )
+    token.add_argument("user", help="a user the head knows (the config's users, or the directory's)")
+    token.add_argument("--lifespan", type=int, default=3600, help="seconds the token is valid (default 3600)")
+    token.set_defaults(func=cmd_token)
 
     job = sub.add_parser("job", help="submit job templates and report on jobs").add_subparsers(
         dest="job_command", required=True

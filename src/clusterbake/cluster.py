@@ -9,7 +9,7 @@ from pathlib import Path
 
 from clusterbake import applied, remote
 from clusterbake.ansible import ansible_env, run_playbook
-from clusterbake.config import ClusterConfig, check_accounting_files, extra_ca_files
+from clusterbake.config import ClusterConfig, check_accounting_files, check_directory_files, extra_ca_files
 from clusterbake.dry_run import check_cost_limit
 from clusterbake.dry_run import plan as dry_run_plan
 from clusterbake.errors import ClusterbakeError, ConfigError, NodesDidNotBoot
@@ -44,6 +44,7 @@ def up(
     provider.validate()
     extra_ca_files(config)  # unresolvable globs are input errors, found before anything is created
     check_accounting_files(config)
+    check_directory_files(config)
     image = provider.find_image()
     if max_cost_per_hour is not None and max_cost_per_hour <= 0:
         raise ConfigError(f"--max-cost-per-hour: {max_cost_per_hour:g}: a price per hour above 0")

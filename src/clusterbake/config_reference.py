@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import types
 import typing
 
 from pydantic import BaseModel
@@ -39,9 +40,24 @@ STORAGE_MODELS = {
 def _type_name(annotation) -> str:
     if annotation is StorageMount or annotation == list[StorageMount] | None:
         return "list[storage entry, by type: " + " | ".join(STORAGE_MODELS) + "] | None"
-    text = getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else None
-    # A model's repr names its module (clusterbake.config.nodes.NodeGroup): the reader wants the model.
-    return text or re.sub(r"clusterbake\.config\.(\w+\.)?", "", str(annotation).replace("typing.", ""))
+    return _plain_type(annotation)
+
+
+def _plain_type(annotation) -> str:
+    """A type as the reader wants it: a model by its name (not its module), no Annotated constraints
+    (patterns and validators are in the description's words)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _plain_type(args[0])
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(repr(value) for value in args)}]"
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_plain_type(arg) for arg in args)
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_plain_type(arg) for arg in args)}]"
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", None) or re.sub(r"clusterbake\.config\.(\w+\.)?", "", str(annotation))
 
 
 def _default(field) -> str:

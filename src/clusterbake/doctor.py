@@ -169,8 +169,9 @@ def node_findings(name: str, role: str, probe: dict[str, list[str]]) -> list[Fin
 
     found = []
     ssh = f"clusterbake ssh {name} --"
-    daemon = "slurmctld" if role == "head" else "slurmd"
-    for unit in ("munge", daemon):
+    # Login nodes run no daemon of Slurm's: their commands fetch slurm.conf from slurmctld.
+    units = {"head": ("munge", "slurmctld"), "login": ("munge",)}.get(role, ("munge", "slurmd"))
+    for unit in units:
         state = one(f"active_{unit}")
         if state != "active":
             fix = f"{ssh} systemctl restart {unit} (why: {ssh} journalctl -u {unit} -n 50)"
@@ -201,7 +202,7 @@ def node_findings(name: str, role: str, probe: dict[str, list[str]]) -> list[Fin
             found.append(Finding(FAIL, name, "fabric ib, but no InfiniBand port is Active", f"{ssh} ibstat"))
     else:
         detail = f"fabric {fabric}: no profile (/etc/clusterbake/fabric.env missing)"
-    healthy = f"munge, {daemon} active; " if not found else ""
+    healthy = f"{', '.join(units)} active; " if not found else ""
     return [*found, Finding(OK, name, healthy + detail)]
 
 

@@ -55,6 +55,9 @@ def cluster_vars(config: ClusterConfig) -> dict:
         "clusterbake_checkpoint_copy_to": config.checkpoints.copy_to or "",
         "clusterbake_accounting": accounting_vars(config),
         "clusterbake_monitoring": {**config.monitoring.model_dump(), "ports": MONITORING_PORTS},
+        "clusterbake_rest_api": config.rest_api.model_dump(),
+        # Its files are read on this machine by the roles (lookups), never sent elsewhere but in bundles.
+        "clusterbake_directory": config.directory.model_dump() if config.directory else {},
         # The configure half keeps the same CAs the image was baked with.
         "clusterbake_extra_ca_certificates": extra_ca_files(config),
         "slurm_proctrack_type": plugins["proctrack_type"],
@@ -72,6 +75,12 @@ def accounting_vars(config: ClusterConfig) -> dict:
         **accounting.model_dump(exclude={"accounts"}),
         "accounts": [a.model_dump(exclude_none=True) for a in accounts],  # unset limits: none
         "users": [{"name": u.name, "account": u.account or accounts[0].name} for u in config.users],
+        # The directory group's members, in the directory's account (registered by the head).
+        "directory": (
+            {"group": config.directory.users_group, "account": config.directory.default_account or accounts[0].name}
+            if config.directory
+            else {}
+        ),
     }
 
 
@@ -84,12 +93,12 @@ def build_inventory(
 ) -> dict:
     """`ansible-inventory --list` JSON for the given nodes (only those with an address)."""
     present = [n for n in nodes if n.name in addresses]
-    groups: dict[str, list[str]] = {"slurm_head": [], "slurm_compute": []}
+    groups: dict[str, list[str]] = {"slurm_head": [], "slurm_login": [], "slurm_compute": []}
     for group in config.node_groups:
         groups[f"nodegroup_{group_name(group.name)}"] = []
     hostvars: dict[str, dict] = {}
     for node in present:
-        groups["slurm_head" if node.role == "head" else "slurm_compute"].append(node.name)
+        groups[f"slurm_{node.role}"].append(node.name)
         if node.role == "compute":
             groups[f"nodegroup_{group_name(node.nodegroup)}"].append(node.name)
         for feature in node.features:
@@ -107,13 +116,16 @@ def build_inventory(
     # enough: Ansible's cost then stays flat however many nodes a group has.
     # ansible/cluster.yml renders self-joining groups' bundles in the head's play (join_with_head);
     # nodes Ansible joins start slurmd, so they wait for the controller (join_after_controller).
+    # Login nodes are one more such group (bundle `login`).
     if (extra_vars or {}).get("node_join_self_join"):
         groups["join_bundle_hosts"] = [
-            hosts[0] for name, hosts in groups.items() if name.startswith("nodegroup_") and hosts
+            hosts[0]
+            for name, hosts in groups.items()
+            if (name.startswith("nodegroup_") or name == "slurm_login") and hosts
         ]
         groups["join_with_head"], groups["join_after_controller"] = list(groups["join_bundle_hosts"]), []
     else:
-        groups["join_bundle_hosts"] = list(groups["slurm_compute"])
+        groups["join_bundle_hosts"] = groups["slurm_login"] + groups["slurm_compute"]
         groups["join_with_head"], groups["join_after_controller"] = [], list(groups["join_bundle_hosts"])
     inventory: dict = {name: {"hosts": hosts} for name, hosts in groups.items()}
     variables = cluster_vars(config)

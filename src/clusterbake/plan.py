@@ -17,10 +17,15 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
-from clusterbake.config import ClusterConfig, NodeGroup
+from clusterbake.config import ClusterConfig, NodeGroup, NodeSize
 from clusterbake.errors import ConfigError
 
 HEAD_NAME = "head"
+# Login nodes are login-1, login-2, ...: their role and their group (one join bundle for all).
+LOGIN_GROUP = "login"
+# Feature groups a login node takes from the node groups: what users run there before a job does
+# (the training environment), never a device's (GPU, fabric) or a storage feature's own mounts.
+LOGIN_FEATURES = ("train",)
 # The feature group of nodes whose GPUs are placeholder devices (config gpus: N).
 PLACEHOLDER_GPUS = "placeholder-gpus"  # inventory group placeholder_gpus
 # RealMemory of a cloud node: the kernel and the hypervisor keep some, and slurmd
@@ -45,7 +50,7 @@ class SlurmNodeSpec:
 @dataclass(frozen=True)
 class NodeSpec:
     name: str
-    role: str  # "head" or "compute"
+    role: str  # "head", "login" or "compute"
     nodegroup: str
     slurm: SlurmNodeSpec
     features: tuple[str, ...] = ()  # inventory feature groups
@@ -114,17 +119,27 @@ def _cloud_group_spec(
     return spec, groups
 
 
+def _service_node_spec(size: NodeSize, shapes: Mapping[str, InstanceShape] | None) -> SlurmNodeSpec:
+    """The head's or a login node's size (no Slurm node: for the plan's records and the status)."""
+    if shapes is not None and size.instance_type in shapes:
+        info = shapes[size.instance_type]
+        return instance_slurm_spec(info, features=[info.name])
+    return SlurmNodeSpec(size.cpus, 1, size.cpus, 1, size.memory_mb)
+
+
 def plan_nodes(config: ClusterConfig, shapes: Mapping[str, InstanceShape] | None = None) -> list[NodeSpec]:
-    """The head first, then each node group's nodes `<group>-<n>` (n from 1): its static nodes,
-    then its elastic ones up to max_count. With `shapes` (instance type -> shape, clouds) the
-    Slurm specs come from the instance types, else from the config's sizing."""
-    head = config.head
-    if shapes is not None and head.instance_type in shapes:
-        info = shapes[head.instance_type]
-        head_spec = instance_slurm_spec(info, features=[info.name])
-    else:
-        head_spec = SlurmNodeSpec(head.cpus, 1, head.cpus, 1, head.memory_mb)
-    nodes = [NodeSpec(HEAD_NAME, "head", "head", head_spec)]
+    """The head first, then the login nodes `login-<n>`, then each node group's nodes `<group>-<n>`
+    (n from 1): its static nodes, then its elastic ones up to max_count. With `shapes` (instance
+    type -> shape, clouds) the Slurm specs come from the instance types, else from the config's sizing."""
+    nodes = [NodeSpec(HEAD_NAME, "head", "head", _service_node_spec(config.head, shapes))]
+    if config.login_nodes is not None:
+        wanted = {f for g in config.node_groups for f in g.features}
+        features = tuple(f for f in LOGIN_FEATURES if f in wanted)
+        spec = _service_node_spec(config.login_nodes, shapes)
+        nodes += [
+            NodeSpec(f"{LOGIN_GROUP}-{i}", "login", LOGIN_GROUP, spec, features)
+            for i in range(1, config.login_nodes.count + 1)
+        ]
     cloud_image = getattr(config.image, config.provider, None) if config.provider != "local" else None
     image_features = tuple(cloud_image.features) if cloud_image is not None else ()
     for group in config.node_groups:

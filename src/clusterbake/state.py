@@ -38,6 +38,8 @@ class ClusterDir:
     munge_key = below("secrets", "munge.key")
     # The accounting database's password (MariaDB on the head): only the head's join bundle carries it.
     db_password = below("secrets", "slurmdbd.password")
+    # slurmrestd's JWT signing key (HS256): only the head's join bundle carries it.
+    jwt_key = below("secrets", "jwt_hs256.key")
     # Each node group's join bundle (holds the munge key: 0700 dir, 0600 files).
     join_bundles = below("secrets", "join")
     logs = below("logs")
@@ -63,7 +65,7 @@ class ClusterDir:
         self.state_file.with_suffix(".tmp").replace(self.state_file)
 
     def ensure_secrets(self) -> None:
-        """The cluster's SSH key, munge key and database password, created once with tight permissions."""
+        """The cluster's SSH key, munge key, database password and JWT key, created once with tight permissions."""
         self.ssh_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not self.ssh_key.exists():
             subprocess.run(
@@ -84,6 +86,8 @@ class ClusterDir:
         write_secret(self.munge_key, lambda: secrets.token_bytes(1024))
         # URL-safe characters only: one plain token in slurmdbd.conf and SQL (config.DB_PASSWORD_PATTERN).
         write_secret(self.db_password, lambda: secrets.token_urlsafe(32).encode())
+        # SchedMD's JWT guide: 32 random bytes (HS256).
+        write_secret(self.jwt_key, lambda: secrets.token_bytes(32))
         self.join_bundles.mkdir(mode=0o700, exist_ok=True)
 
 

@@ -9,10 +9,12 @@ the pinned torch. Cached by the pins and the Python version.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from clusterbake.paths import repo_root
@@ -35,18 +37,21 @@ def python_tag() -> str:
     return f"cp{sys.version_info.major}{sys.version_info.minor}"
 
 
-def wheelhouse_key() -> str:
-    """What the wheelhouse is made from: the pins, the Python, the prebuilt ops."""
+def wheelhouse_key(extra: Sequence[str] = ()) -> str:
+    """What the wheelhouse is made from: the pins, the team's extra requirements, the Python, the prebuilt ops."""
     h = hashlib.sha256(requirements_file().read_bytes())
     h.update(python_tag().encode())
     h.update(" ".join(DEEPSPEED_PREBUILT_OPS).encode())
     h.update(WHEELHOUSE_FORMAT.encode())
+    if extra:  # (a wheelhouse without them keeps its key)
+        h.update(json.dumps(list(extra)).encode())
     return h.hexdigest()[:16]
 
 
-def ensure_wheelhouse(cache: Path, log_file: Path) -> Path:
-    """A directory of wheels for the pinned requirements and all they need."""
-    target = cache / f"wheelhouse-{python_tag()}-{wheelhouse_key()}"
+def ensure_wheelhouse(cache: Path, log_file: Path, extra: Sequence[str] = ()) -> Path:
+    """A directory of wheels for the pinned requirements, `extra` (training.extra_requirements, resolved
+    with them: one consistent set) and all they need."""
+    target = cache / f"wheelhouse-{python_tag()}-{wheelhouse_key(extra)}"
     if (target / "COMPLETE").exists():
         say(f"    wheelhouse cached: {target}")
         return target
@@ -82,8 +87,12 @@ def ensure_wheelhouse(cache: Path, log_file: Path) -> Path:
             env=ops_env,
             what="building DeepSpeed with its ops",
         )
+        extra_file = work / "extra-requirements.txt"
+        extra_file.write_text("".join(f"{line}\n" for line in extra))
         run_logged(
-            [*pip, "install", "--find-links", str(wheels), "-r", str(requirements)], log_file, what="pip install"
+            [*pip, "install", "--find-links", str(wheels), "-r", str(requirements), "-r", str(extra_file)],
+            log_file,
+            what="pip install" + (f" (with {', '.join(extra)})" if extra else ""),
         )
         frozen = subprocess.run([*pip, "freeze", "--all"], capture_output=True, text=True, check=True).stdout
         skip = ("pip==",)

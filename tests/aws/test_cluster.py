@@ -274,7 +274,7 @@ def test_stopped_node_stays_in_the_inventory_not_running_and_up_starts_it(moto, 
 
 
 def test_down_removes_everything_and_a_second_down_finds_nothing(moto, network, tmp_path):
-    """Its own small cluster (head + 1 EFA node + 1 spot node), so that it can go down here."""
+    """Its own small cluster (head + a login node + 1 EFA node + 1 spot node), so that it can go down here."""
     write_aws_record(StateDir(tmp_path), network.ami_id, REGION)
     config = example_config(
         network,
@@ -284,10 +284,27 @@ def test_down_removes_everything_and_a_second_down_finds_nothing(moto, network, 
             {"name": "cpu", "count": 1, "instance_type": "c7i.large", "spot": True},
         ],
         partitions=[],
+        login_nodes={"count": 1, "instance_type": "m7i.large", "ssh_cidrs": ["192.0.2.0/24"]},
     )
     run_cb(moto, tmp_path, config, "cluster", "up", "--provision-only")
     ec2 = moto.ec2()
-    assert len(live_instances(ec2, "downtest")) == 3
+    instances = {tag_map(i)["clusterbake:name"]: i for i in live_instances(ec2, "downtest")}
+    assert sorted(instances) == ["cpu-1", "gpu-1", "head", "login-1"]
+    # The login node: the cluster's group and its own, which admits SSH from the users' networks only.
+    in_vpc = [{"Name": "vpc-id", "Values": [network.vpc_id]}]
+    groups = {g["GroupName"]: g for g in ec2.describe_security_groups(Filters=in_vpc)["SecurityGroups"]}
+    login_group, cluster_group = groups["clusterbake-downtest-login"], groups["clusterbake-downtest"]
+    assert [(p["FromPort"], p["IpRanges"][0]["CidrIp"]) for p in login_group["IpPermissions"]] == [(22, "192.0.2.0/24")]
+    assert sorted(g["GroupId"] for g in instances["login-1"]["NetworkInterfaces"][0]["Groups"]) == sorted(
+        [login_group["GroupId"], cluster_group["GroupId"]]
+    )
+    assert [g["GroupId"] for g in instances["head"]["NetworkInterfaces"][0]["Groups"]] == [cluster_group["GroupId"]]
+    assert tag_map(instances["login-1"])["clusterbake:role"] == "login"
+    raw = ec2.describe_instance_attribute(InstanceId=instances["login-1"]["InstanceId"], Attribute="userData")
+    # It joins by itself from its own secret, like a compute node.
+    assert "clusterbake/downtest/join/login" in base64.b64decode(raw["UserData"]["Value"]).decode()
+    secrets = moto.client("secretsmanager").list_secrets()["SecretList"]
+    assert "clusterbake/downtest/join/login" in {s["Name"] for s in secrets}
     spot = ec2.describe_launch_template_versions(LaunchTemplateName="clusterbake-downtest-cpu", Versions=["$Latest"])
     market = spot["LaunchTemplateVersions"][0]["LaunchTemplateData"]["InstanceMarketOptions"]
     assert market["MarketType"] == "spot"
@@ -307,6 +324,8 @@ def test_down_removes_everything_and_a_second_down_finds_nothing(moto, network, 
     assert ec2.describe_launch_templates(Filters=tagged)["LaunchTemplates"] == []
     assert ec2.describe_placement_groups(Filters=tagged)["PlacementGroups"] == []
     assert ec2.describe_security_groups(Filters=tagged)["SecurityGroups"] == []
+    names = {s["Name"] for s in moto.client("secretsmanager").list_secrets()["SecretList"]}
+    assert not {n for n in names if n.startswith("clusterbake/downtest/")}, names
     assert not (tmp_path / "clusters" / "downtest").exists()
 
     again = run_cb(moto, tmp_path, config, "cluster", "down")

@@ -71,7 +71,11 @@ def _held_operator(twin, tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     write_aws_record(StateDir(state), network.ami_id, REGION)
-    config = example_config(network, cluster_name="held", node_groups=GROUPS[:2], storage=STORAGE[:1], partitions=[])
+    # With a login node: its security group, launch template and secret under the same policy.
+    login = {"count": 1, "instance_type": "m7i.large", "ssh_cidrs": ["192.0.2.0/24"]}
+    config = example_config(
+        network, cluster_name="held", node_groups=GROUPS[:2], storage=STORAGE[:1], partitions=[], login_nodes=login
+    )
     policy = _policy(state, config)
     operator = twin.user("operator", policy)
     for args in (("cluster", "up", "--provision-only"), ("cluster", "status"), ("cluster", "down")):

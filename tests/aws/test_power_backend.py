@@ -44,7 +44,7 @@ def _settings(types=("p4d.24xlarge", "p4de.24xlarge"), efa=True) -> dict:
                 "launch_template": {"id": "lt-0123456789abcdef0", "version": "3"},
                 "instance_types": list(types),
                 "network_interfaces": {
-                    t: resources.network_interfaces(infos[t], efa, "subnet-0123456789abcdef0", "sg-0123456789abcdef0")
+                    t: resources.network_interfaces(infos[t], efa, "subnet-0123456789abcdef0", ["sg-0123456789abcdef0"])
                     for t in types
                 },
                 "user_data": user_data_template(cluster="pw", ssh_user="ubuntu", authorized_keys=["k"], join=JOIN),

@@ -40,7 +40,7 @@ def test_launch_template_gets_a_new_version_when_the_config_changes(moto, networ
             ami_id=network.ami_id,
             info=P5,
             subnet_id=network.subnet_id,
-            group_id="sg-0123456789abcdef0",
+            group_ids=["sg-0123456789abcdef0"],
             node_tags=tags.node_tags("lttest", "compute", "gpu"),
             efa=True,
             placement_group="clusterbake-lttest-gpu",
@@ -74,7 +74,7 @@ def test_template_comparison_ignores_what_ec2_adds():
         ami_id="ami-0123456789abcdef0",
         info=P5,
         subnet_id="subnet-0123456789abcdef0",
-        group_id="sg-0123456789abcdef0",
+        group_ids=["sg-0123456789abcdef0"],
         node_tags=tags.node_tags("c", "compute", "gpu"),
         efa=True,
     )
@@ -101,7 +101,7 @@ def _type(name: str, cards: list[list[str]] | None, max_cards: int, max_efa: int
 
 
 def _layout(info, efa=True) -> list[tuple]:
-    interfaces = resources.network_interfaces(info, efa, "subnet-0123456789abcdef0", "sg-0123456789abcdef0")
+    interfaces = resources.network_interfaces(info, efa, "subnet-0123456789abcdef0", ["sg-0123456789abcdef0"])
     assert all(i["SubnetId"] == "subnet-0123456789abcdef0" and i["DeleteOnTermination"] for i in interfaces)
     return [(i.get("NetworkCardIndex"), i["DeviceIndex"], i.get("InterfaceType")) for i in interfaces]
 

@@ -5,6 +5,8 @@ Runs on a twin of its own (it changes the twin's capacity switch). The CLI runs 
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from azuretest import example_config, needs_sdk, of_type, run_cb
 
@@ -68,11 +70,35 @@ def _assert_nothing_left(twin, config):
 
 
 def test_down_removes_everything_and_is_safe_to_repeat(own_twin, tmp_path):
+    """With a login node: its VM beside the head's (the head's power identity writes neither), its NIC in
+    the cluster's application security group and its own, which the NSG opens to the users' networks."""
     twin = own_twin
     config = example_config(twin, cluster_name=CLUSTER)
     config["azure"]["resource_group"] = f"{CLUSTER}-rg"
+    config["login_nodes"] = {"count": 1, "instance_type": "Standard_D4s_v5", "ssh_cidrs": ["198.51.100.0/24"]}
     run_cb(twin, tmp_path, config, "cluster", "up", "--provision-only")
-    kinds = sorted({r["type"] for r in twin.resources_of(CLUSTER)})
+    resources = twin.resources_of(CLUSTER)
+    vms = {r["tags"]["clusterbake-name"]: r for r in of_type(resources, "Microsoft.Compute/virtualMachines")}
+    assert (
+        f"/resourceGroups/{CLUSTER}-rg/" in vms["login-1"]["id"]
+        and vms["login-1"]["tags"]["clusterbake-role"] == "login"
+    )
+    asgs = {r["name"]: r["id"] for r in of_type(resources, "Microsoft.Network/applicationSecurityGroups")}
+    nics = {r["tags"]["clusterbake-name"]: r for r in of_type(resources, "Microsoft.Network/networkInterfaces")}
+    member_of = lambda node: [  # noqa: E731
+        g["id"] for g in nics[node]["properties"]["ipConfigurations"][0]["properties"]["applicationSecurityGroups"]
+    ]
+    assert member_of("login-1") == [asgs[f"clusterbake-{CLUSTER}"], asgs[f"clusterbake-{CLUSTER}-login"]]
+    assert member_of("head") == [asgs[f"clusterbake-{CLUSTER}"]]
+    nsg = of_type(resources, "Microsoft.Network/networkSecurityGroups")[0]
+    rules = {r["name"]: r["properties"] for r in nsg["properties"]["securityRules"]}
+    login_ssh = rules["login-ssh-0"]
+    assert (login_ssh["sourceAddressPrefix"], login_ssh["destinationPortRange"]) == ("198.51.100.0/24", "22")
+    assert login_ssh["destinationApplicationSecurityGroups"] == [{"id": asgs[f"clusterbake-{CLUSTER}-login"]}]
+    assert login_ssh["priority"] < rules["deny-vnet"]["priority"]
+    _, body, _ = twin.request("GET", f"/_twin/vms/{CLUSTER}-login-1/custom-data")
+    assert b'"secret_name": "join-login"' in base64.b64decode(body["userData"])  # it joins by itself
+    kinds = sorted({r["type"] for r in resources})
     assert kinds == [
         "Microsoft.Compute/availabilitySets",
         "Microsoft.Compute/disks",

@@ -44,7 +44,7 @@ def settings(sizes=("Standard_D4s_v5", "Standard_D4as_v5")) -> dict:
     group = {
         "sizes": list(sizes),
         "nic": resources.nic_body(
-            location="eastus", subnet_id=SUBNET, address="", nsg_id=NSG, asg_id=ASG, node_tags=node_tags
+            location="eastus", subnet_id=SUBNET, address="", nsg_id=NSG, asg_ids=[ASG], node_tags=node_tags
         ),
         "vm": resources.vm_body(
             location="eastus",

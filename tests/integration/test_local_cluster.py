@@ -33,6 +33,8 @@ def test_new_compute_nodes_join_during_the_play_and_slurmd_after_it(cluster):
     early = re.findall(r"(\S+) joined during the play, but for slurmd, clusterbake-health.timer", cluster.stderr)
     assert sorted(hostlist.expand_hostlist(",".join(early))) == ["cpu-1", "cpu-2", "util-1"], cluster.stderr
     assert "cpu-[1-2],util-1: joined, slurmd, clusterbake-health.timer started" in cluster.stderr
+    # The login node holds nothing back (no daemon of Slurm's waits for slurmctld there).
+    assert "login-1 joined during the play\n" in cluster.stderr, cluster.stderr
     for node in ("cpu-1", "cpu-2", "util-1"):
         shown = on(node, "systemctl show --property=NRestarts --property=ActiveState slurmd").stdout.split()
         assert sorted(shown) == ["ActiveState=active", "NRestarts=0"], (node, shown)
@@ -46,7 +48,7 @@ def test_nodes_boot_without_failed_units_and_skip_what_a_container_has_no_use_fo
     """Every node's systemd reaches `running`: the NFS client stack the image carries for the clouds
     (whose rpc_pipefs mount fails in a container, leaving the node `degraded`) and the disk and
     package housekeeping are masked in the node's own root, never in the image."""
-    for node in ("head", "cpu-1", "cpu-2", "util-1"):
+    for node in ("head", "login-1", "cpu-1", "cpu-2", "util-1"):
         state = on(node, "systemctl is-system-running", check=False).stdout.strip()
         failed = on(node, "systemctl --failed --no-legend --plain", check=False).stdout
         assert state == "running", (node, state, failed)
@@ -97,14 +99,14 @@ def test_sbatch_as_user_writes_to_shared(cluster):
 
 
 def test_user_has_same_uid_everywhere(cluster):
-    for node in ("head", "cpu-1", "cpu-2", "util-1"):
+    for node in ("head", "login-1", "cpu-1", "cpu-2", "util-1"):
         assert on(node, "id -u researcher").stdout.strip() == "2001"
 
 
 def test_munge_key_identical_private_and_unlogged(cluster):
     sums = {
         node: on(node, "sha256sum /etc/munge/munge.key").stdout.split()[0]
-        for node in ("head", "cpu-1", "cpu-2", "util-1")
+        for node in ("head", "login-1", "cpu-1", "cpu-2", "util-1")
     }
     assert len(set(sums.values())) == 1
     assert on("cpu-1", "stat -c '%a %U:%G' /etc/munge/munge.key").stdout.strip() == "400 munge:munge"
@@ -165,6 +167,7 @@ def test_status_json_reports_nodes(cluster):
     status = poll(settled, timeout=60, interval=2) or json.loads(cb("cluster", "status", "--json").stdout)
     assert [(n["name"], n["state"], n["slurm_state"]) for n in status["nodes"]] == [
         ("head", "running", None),
+        ("login-1", "running", None),  # no slurmd: not a node of Slurm's
         ("cpu-1", "running", "idle"),
         ("cpu-2", "running", "idle"),
         ("util-1", "running", "idle"),
@@ -298,7 +301,7 @@ def host_leftovers(cluster: str) -> dict[str, list[str]]:
     """Everything of this cluster that could outlive a destroy on the host."""
     netns = [p.name for p in Path("/run/netns").glob(f"cb-{cluster}-*")] if Path("/run/netns").exists() else []
     links = [line.split(":")[1].strip() for line in run(["ip", "-o", "link"]).stdout.splitlines()]
-    ours = {bridge_name(cluster)} | {veth_name(cluster, n) for n in ("head", "cpu-1", "cpu-2", "util-1")}
+    ours = {bridge_name(cluster)} | {veth_name(cluster, n) for n in ("head", "login-1", "cpu-1", "cpu-2", "util-1")}
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     processes = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):

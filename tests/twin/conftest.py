@@ -44,12 +44,17 @@ def twin_env(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def twin_config(tmp_path_factory) -> Path:
-    """examples/aws-twin.yaml under the tests' own cluster name, with a second user."""
+    """examples/aws-twin.yaml under the tests' own cluster name, with a second user, and an SSH key of
+    the researcher's (`researcher_key` beside the file) in users.0.ssh_authorized_keys."""
     config = yaml.safe_load((REPO / "examples" / "aws-twin.yaml").read_text())
     config["cluster_name"] = CLUSTER
     # A second, untrusted cluster user: the attacker of the security tests (test_aws_twin.py).
     config["users"].append({"name": "mallory", "uid": 2002})
-    path = tmp_path_factory.mktemp("twin") / "citwin.yaml"
+    folder = tmp_path_factory.mktemp("twin")
+    key = folder / "researcher_key"
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "researcher", "-f", str(key)])
+    config["users"][0]["ssh_authorized_keys"] = [key.with_suffix(".pub").read_text().strip()]
+    path = folder / "citwin.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 

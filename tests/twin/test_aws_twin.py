@@ -48,6 +48,47 @@ def test_compute_nodes_joined_by_themselves(twin):
     assert states["cpu-1"] == states["cpu-2"] == "idle"
 
 
+def test_a_user_works_from_the_login_node_and_never_needs_the_head(twin):
+    """examples/aws-twin.yaml's login-1: it joined by itself from its own secret like a compute node; a
+    researcher logs in over real SSH (the key of the config's users.0.ssh_authorized_keys), submits there, and the job
+    runs and is accounted as theirs; the same key does not open the head. Its security groups: the
+    cluster's and its own (SSH from login_nodes.ssh_cidrs); no other node has the login nodes' group."""
+    login = twin.instance("login-1")
+    fetch = twin.inside(login["InstanceId"], "journalctl -u clusterbake-node-fetch --no-pager")
+    assert f"joined from secret clusterbake/{CLUSTER}/join/login" in fetch.stdout, fetch.stdout[-2000:]
+    ec2 = twin.client("ec2")
+    groups = {g["GroupName"]: g for g in ec2.describe_security_groups()["SecurityGroups"]}
+    own, cluster_group = groups[f"clusterbake-{CLUSTER}-login"], groups[f"clusterbake-{CLUSTER}"]
+    assert [(p.get("FromPort"), [r["CidrIp"] for r in p["IpRanges"]]) for p in own["IpPermissions"]] == [
+        (22, ["10.90.0.0/16"])
+    ]
+    assert sorted(g["GroupId"] for g in login["NetworkInterfaces"][0]["Groups"]) == sorted(
+        [own["GroupId"], cluster_group["GroupId"]]
+    )
+    for node in ("head", "cpu-1"):
+        assert [g["GroupId"] for g in twin.instance(node)["NetworkInterfaces"][0]["Groups"]] == [
+            cluster_group["GroupId"]
+        ], node
+
+    key = twin.config.parent / "researcher_key"  # its public half in the config's users.0.ssh_authorized_keys
+    options = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+
+    def ssh(address: str, command: str):
+        return run(["ssh", "-i", str(key), *options, f"researcher@{address}", command], check=False, timeout=120)
+
+    submit = ssh(login["PrivateIpAddress"], "cd /tmp && sbatch --parsable -N2 -o /dev/null --wrap 'srun hostname'")
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip()
+    wait_for(
+        f"job {job} completed",
+        lambda: twin.on("head", f"sacct -n -X -P -j {job} -o State").stdout.strip() == "COMPLETED",
+        180,
+    )
+    assert twin.on("head", f"sacct -n -X -P -j {job} -o User,NNodes").stdout.strip() == "researcher|2"
+    refused = ssh(twin.instance("head")["PrivateIpAddress"], "true")
+    assert refused.returncode == 255, (refused.stdout, refused.stderr)
+
+
 def test_srun_on_both_nodes(twin):
     result = twin.on("head", "srun -N2 hostname")
     assert sorted(result.stdout.split()) == ["cpu-1", "cpu-2"]
@@ -229,7 +270,7 @@ def imds_token_as(twin, node: str, user: str) -> str:
 def test_only_root_reaches_the_metadata_service_and_on_the_head_the_power_programs_user(twin):
     """Security review finding 1 (critical): any user or job on any node took the node's role from the
     metadata service, then the join bundle (the munge key) from Secrets Manager, and forged root."""
-    for node in ("cpu-1", "head"):
+    for node in ("cpu-1", "login-1", "head"):
         assert imds_token_as(twin, node, "root") == "token", node
         for user in ("researcher", "mallory"):
             answer = imds_token_as(twin, node, user)
@@ -282,7 +323,7 @@ def test_a_container_on_a_node_gets_nothing_from_the_metadata_service(twin):
 
 def test_cluster_instances_pin_the_metadata_hop_limit_to_one(twin):
     """Finding 9: our AMIs say ImdsSupport v2.0, which makes EC2 (and the twin) default the hop limit to 2."""
-    for node in ("head", "cpu-1", "cpu-2"):
+    for node in ("head", "login-1", "cpu-1", "cpu-2"):
         options = twin.instance(node)["MetadataOptions"]
         assert (options["HttpTokens"], options["HttpPutResponseHopLimit"]) == ("required", 1), (node, options)
 

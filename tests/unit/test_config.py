@@ -104,6 +104,13 @@ def test_bad_subnet(tmp_path):
             MINIMAL + "partitions:\n  - {name: p, node_groups: [cpu], max_time: soon}\n",
             "partitions.0.max_time",
         ),
+        (MINIMAL + "login_nodes: {count: 0}\n", "login_nodes.count"),
+        (MINIMAL + "login_nodes: {count: 17}\n", "login_nodes.count"),
+        (MINIMAL + "login_nodes: {ssh_cidrs: [10.0.0.0/8]}\n", "login_nodes.ssh_cidrs: only for the clouds"),
+        (MINIMAL.replace("name: cpu", "name: login"), "node_groups: 'login' names the login nodes"),
+        (MINIMAL + "training: {extra_requirements: ['pkg @ https://example.com/p.whl']}\n", "no URL, no pip option"),
+        (MINIMAL + "training: {extra_requirements: ['--index-url http://x']}\n", "is not a pip requirement"),
+        (MINIMAL + "training: {extra_requirements: ['-r more.txt']}\n", "training.extra_requirements.0"),
     ],
 )
 def test_field_errors(tmp_path, text, field):

@@ -3,7 +3,7 @@
 import json
 import subprocess
 
-from clusterbake.config import ClusterConfig
+from clusterbake.config import ClusterConfig, LoginNodes
 from clusterbake.inventory import build_inventory
 from clusterbake.plan import address_pool, assign_addresses, plan_nodes
 
@@ -126,3 +126,15 @@ def test_inventory_script_bad_config_exits_2(repo, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "CLUSTERBAKE_CONFIG": str(config)}
     result = subprocess.run([repo / "inventories/local.py", "--list"], capture_output=True, text=True, env=env)
     assert result.returncode == 2 and "node_groups: required" in result.stderr
+
+
+def test_login_nodes_join_by_themselves_from_one_bundle_like_a_node_group():
+    config = CONFIG.model_copy(update={"login_nodes": LoginNodes()})
+    nodes = plan_nodes(config)
+    addresses = {n.name: f"10.77.0.{i}" for i, n in enumerate(nodes, start=10)}
+    alone = build_inventory(config, nodes, addresses, extra_vars={"node_join_self_join": True})
+    assert alone["join_bundle_hosts"]["hosts"] == ["login-1", "cpu-1", "gpu-h100-1"]
+    assert alone["join_with_head"]["hosts"] == ["login-1", "cpu-1", "gpu-h100-1"]
+    joined = build_inventory(config, nodes, addresses)
+    assert joined["join_after_controller"]["hosts"] == ["login-1", "cpu-1", "cpu-2", "gpu-h100-1"]
+    assert alone["_meta"]["hostvars"]["login-1"]["clusterbake_node_role"] == "login"

@@ -4,6 +4,7 @@ part may depend on a Python set's order, which differs from process to process (
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -133,8 +134,118 @@ def test_the_heads_join_writes_the_slurm_config_and_a_restart_digest_for_slurmct
     assert (digest["restart"], digest["restart_on_create"]) == (["slurmctld"], False)
     assert digest["text"] == files(compute)["/etc/clusterbake/slurmd-restart.digest"]["text"]
     assert len(digest["text"]) == 64
-    assert head["absent"] == [{"path": "/etc/slurm/gres.conf"}]
+    # (and, with the REST API off, slurmrestd's settings and the JWT key; without a directory, SSSD's files)
+    slurms = [entry for entry in head["absent"] if not entry["path"].startswith(("/etc/sssd/", "/etc/ssh/"))]
+    assert slurms == [
+        {"path": "/etc/slurm/gres.conf"},
+        {"path": "/etc/default/slurmrestd"},
+        {"path": "/var/spool/slurmctld/jwt_hs256.key"},
+    ]
     assert head["directories"] == [{"path": "/var/spool/slurmctld", "owner": "slurm", "group": "slurm", "mode": "0700"}]
     # A compute node gets none of it: its slurmd fetches the config from slurmctld.
     assert not {path for path in files(compute) if path.startswith("/etc/slurm/")}
-    assert (compute["directories"], compute["absent"]) == ([], [])
+    assert compute["directories"] == []
+    assert not [entry for entry in compute["absent"] if entry["path"].startswith("/etc/slurm/")]
+
+
+def test_a_login_nodes_bundle_is_slurms_commands_without_a_daemon_and_the_head_becomes_the_operators(tmp_path):
+    """A login node (group slurm_login): the users' node. Its Slurm commands fetch slurm.conf from
+    slurmctld (SLURM_CONF_SERVER from sshd and the login shells' profile), no slurmd, no health checks
+    or notice agent, anyone with a key logs in; with a login node the head admits only the
+    administrators (pam_access), and without one everyone, as before."""
+    hosts = {**HOSTS, "login-1": host("10.0.1.9", "login")}
+    hosts["head"] = {**hosts["head"], "ansible_user": "root"}
+    groups = {**GROUPS, "slurm_login": ["login-1"]}
+    users = [{"name": "alice", "uid": 2001, "gid": 2001, "sudo": True}, {"name": "bob", "uid": 2002, "gid": 2002}]
+    result = play(tmp_path, hosts, groups, {**VARIABLES, "clusterbake_users": users})
+    login, head = result["bundles"]["login-1"], result["bundles"]["head"]
+    written = files(login)
+    assert written["/etc/ssh/sshd_config.d/60-clusterbake-slurm.conf"]["text"].splitlines()[1:] == [
+        "SetEnv SLURM_CONF_SERVER=head:6817"
+    ]
+    assert written["/etc/ssh/sshd_config.d/60-clusterbake-slurm.conf"]["restart"] == ["ssh"]
+    assert "export SLURM_CONF_SERVER=head:6817" in written["/etc/profile.d/clusterbake-slurm.sh"]["text"]
+    assert "account optional pam_permit.so" in written["/etc/pam.d/clusterbake-slurm-adopt"]["text"]
+    assert {"path": "/etc/security/clusterbake-ssh-access.conf"} in login["absent"]
+    assert not {"/etc/default/slurmd", "/etc/clusterbake/health.json", "/etc/clusterbake/notice.json"} & set(written)
+    assert "munge" in login["services"] and "ssh" in login["services"]
+    assert not {"slurmd", "slurmctld", "clusterbake-health.timer"} & set(login["services"])
+    assert login["after_controller"] == []
+    assert "/etc/munge/munge.key" in written and "login-1" in written["/etc/hosts"]["text"]
+    # The head: the administrators (root, the sudo user) and no one else.
+    access = files(head)["/etc/security/clusterbake-ssh-access.conf"]["text"].splitlines()
+    assert access[1:] == ["+:root alice:ALL", "-:ALL:ALL"]
+    stack = files(head)["/etc/pam.d/clusterbake-slurm-adopt"]["text"]
+    assert "account required pam_access.so accessfile=/etc/security/clusterbake-ssh-access.conf" in stack
+    # slurm.conf names no login node: they are no nodes of Slurm's.
+    assert "login-1" not in files(head)["/etc/slurm/slurm.conf"]["text"]
+
+    (tmp_path / "without").mkdir()
+    alone = play(tmp_path / "without", HOSTS, GROUPS, {**VARIABLES, "clusterbake_users": users})
+    access = files(alone["bundles"]["head"])["/etc/security/clusterbake-ssh-access.conf"]["text"].splitlines()
+    assert access[-1] == "+:ALL:ALL"
+
+
+def test_with_the_rest_api_the_head_alone_gets_the_jwt_key_and_slurmrestd_on_its_cluster_address(tmp_path):
+    """rest_api.enabled: slurm.conf verifies JWTs with the key (AuthAltTypes, a restart), the key goes in
+    the head's StateSaveLocation (SlurmUser's, 0600) and in no other node's bundle, and slurmrestd
+    listens on the head's address with JWT authentication only. Off, both files are removed."""
+    key = tmp_path / "jwt.key"
+    key.write_bytes(bytes(range(32)))
+    variables = {**VARIABLES, "clusterbake_rest_api": {"enabled": True, "port": 6820}, "slurm_jwt_key_file": str(key)}
+    (tmp_path / "on").mkdir()
+    bundles = play(tmp_path / "on", HOSTS, GROUPS, variables)["bundles"]
+    head = files(bundles["head"])
+    secret = head["/var/spool/slurmctld/jwt_hs256.key"]
+    assert (secret["owner"], secret["mode"]) == ("slurm", "0600")
+    assert base64.b64decode(secret["content_b64"]) == key.read_bytes()
+    assert head["/etc/default/slurmrestd"]["text"].splitlines()[1:] == [
+        "SLURMRESTD_AUTH_TYPES=rest_auth/jwt",
+        "SLURMRESTD_LISTEN=10.0.1.10:6820",
+    ]
+    assert "slurmrestd" in bundles["head"]["services"]
+    conf = head["/etc/slurm/slurm.conf"]["text"]
+    assert "AuthAltTypes=auth/jwt" in conf and "AuthAltParameters=jwt_key=/var/spool/slurmctld/jwt_hs256.key" in conf
+    assert base64.b64encode(key.read_bytes()).decode() not in json.dumps(bundles["cpu-1"])
+    assert "slurmrestd" not in bundles["cpu-1"]["services"]
+    (tmp_path / "off").mkdir()
+    off = play(tmp_path / "off", HOSTS, GROUPS, {**VARIABLES, "slurm_jwt_key_file": str(key)})["bundles"]["head"]
+    assert {"path": "/etc/default/slurmrestd"} in off["absent"]
+    assert {"path": "/var/spool/slurmctld/jwt_hs256.key"} in off["absent"]
+    assert "AuthAltTypes" not in files(off)["/etc/slurm/slurm.conf"]["text"]
+
+
+def test_with_a_directory_every_node_gets_sssd_with_the_bind_password_in_its_root_only_config(tmp_path):
+    """The config's directory: SSSD on every node (jobs run as its users everywhere), its config 0600 with
+    the bind password (nowhere else in the bundle), the directory's CA, sshd asking SSSD for keys; only
+    the group's members are let in (simple_allow_groups), over TLS the CA verifies."""
+    password, ca = tmp_path / "bind.password", tmp_path / "ca.pem"
+    password.write_text("s3cret-bind-pw\n")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    directory = {
+        "uri": "ldaps://ldap.example.org",
+        "base_dn": "dc=example,dc=org",
+        "users_group": "hpc-users",
+        "bind_dn": "cn=sssd,dc=example,dc=org",
+        "bind_password_file": str(password),
+        "ca_file": str(ca),
+        "start_tls": False,
+        "ldap_schema": "rfc2307",
+        "min_uid": 2000,
+    }
+    (tmp_path / "play").mkdir()
+    bundles = play(tmp_path / "play", HOSTS, GROUPS, {**VARIABLES, "clusterbake_directory": directory})["bundles"]
+    for name in ("head", "cpu-1"):
+        written = files(bundles[name])
+        conf = written["/etc/sssd/sssd.conf"]
+        assert conf["mode"] == "0600" and "ldap_default_authtok = s3cret-bind-pw" in conf["text"], name
+        assert "simple_allow_groups = hpc-users" in conf["text"] and "ldap_tls_reqcert = demand" in conf["text"]
+        assert "ldap_tls_cacert = /etc/sssd/clusterbake-directory-ca.pem" in conf["text"]
+        assert written["/etc/sssd/clusterbake-directory-ca.pem"]["text"] == ca.read_text()
+        assert (
+            "AuthorizedKeysCommand /usr/bin/sss_ssh_authorizedkeys"
+            in (written["/etc/ssh/sshd_config.d/55-clusterbake-directory.conf"]["text"])
+        )
+        assert "sssd" in bundles[name]["services"]
+        others = [f["text"] for path, f in written.items() if path != "/etc/sssd/sssd.conf"]
+        assert not any("s3cret-bind-pw" in text for text in others), name

@@ -26,6 +26,29 @@ def test_static_nodes_first_then_elastic_ones():
     ]  # fmt: skip
 
 
+def test_login_nodes_follow_the_head_with_the_training_environment_only():
+    settings = {
+        "cluster_name": "plan",
+        "login_nodes": {"count": 2, "cpus": 4, "memory_mb": 8192},
+        "node_groups": [
+            {"name": "gpu", "count": 1, "gpus": 2, "features": ["train", "lustre"]},
+            {"name": "cpu", "count": 1},
+        ],
+    }
+    nodes = plan_nodes(ClusterConfig.model_validate(settings))
+    assert [(n.name, n.role, n.nodegroup) for n in nodes[:3]] == [
+        ("head", "head", "head"), ("login-1", "login", "login"), ("login-2", "login", "login"),
+    ]  # fmt: skip
+    # What users run before a job does (the training environment), never a device's or a mount's feature.
+    assert nodes[1].features == ("train",)
+    assert (nodes[1].slurm.cpus, nodes[1].slurm.real_memory) == (4, 8192)
+    inventory = build_inventory(ClusterConfig.model_validate(settings), nodes, {n.name: "10.0.0.1" for n in nodes})
+    assert inventory["slurm_login"]["hosts"] == ["login-1", "login-2"]
+    assert "login-1" not in inventory["slurm_compute"]["hosts"] and "login-1" in inventory["train"]["hosts"]
+    del settings["node_groups"][0]["features"]
+    assert plan_nodes(ClusterConfig.model_validate(settings))[1].features == ()
+
+
 @pytest.mark.parametrize(
     "group, message",
     [

@@ -277,3 +277,17 @@ def test_changed_limits_are_set_and_dropped_ones_cleared(accounts):
 )
 def test_slurm_times_in_minutes(accounts, text, expected):
     assert accounts.minutes(text) == expected
+
+
+def test_the_directory_groups_members_not_listed_are_users_of_its_account(accounts, tmp_path, monkeypatch):
+    """`directory`: the group's members as `getent group` gives them (SSSD), but for users the config lists."""
+    getent = tmp_path / "getent"
+    getent.write_text('#!/bin/sh\n[ "$2" = hpc-users ] && echo "hpc-users:*:3000:dana,researcher,eve" || exit 2\n')
+    getent.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    listed = [{"name": "researcher", "account": "general"}]
+    found = accounts.directory_users({"group": "hpc-users", "account": "general"}, listed, timeout=1)
+    assert found == [{"name": "dana", "account": "general"}, {"name": "eve", "account": "general"}]
+    assert accounts.directory_users({}, listed, timeout=1) == []
+    with pytest.raises(accounts.AccountsError, match="the directory's group is unknown here"):
+        accounts.directory_users({"group": "nobody", "account": "general"}, listed, timeout=0)

@@ -31,6 +31,9 @@ RESTART_KEYS = frozenset(
     key.lower()
     for key in (
         "AuthType",
+        # Auth plugins load when the daemons start (the JWT of slurmrestd: AuthAltTypes=auth/jwt).
+        "AuthAltTypes",
+        "AuthAltParameters",
         "CredType",
         "ControlMachine",
         "SlurmctldHost",

@@ -53,10 +53,12 @@ from clusterbake.config.cluster import (  # noqa: F401
     AccountingConfig,
     AccountingDatabase,
     CheckpointsConfig,
+    DirectoryConfig,
     HealthConfig,
     MonitoringConfig,
     PowerConfig,
     RecoveryConfig,
+    RestApiConfig,
     SlurmConfig,
     User,
     _plugin_default_text,
@@ -69,6 +71,7 @@ from clusterbake.config.image import (  # noqa: F401
     AwsImageBuild,
     AzureImageBuild,
     ImageConfig,
+    TrainingConfig,
     build_features_field,
     build_vm_field,
 )
@@ -82,6 +85,7 @@ from clusterbake.config.nodes import (  # noqa: F401
     PROVIDER_ONLY_KEYS,
     SLURM_TIME_PATTERN,
     HeadConfig,
+    LoginNodes,
     NodeGroup,
     NodeSize,
     Partition,
@@ -119,7 +123,15 @@ class ClusterConfig(Strict):
         "local", description="local (nspawn nodes on this host), aws or azure."
     )
     image: ImageConfig = Field(default_factory=ImageConfig, description="What goes into the node image.")
-    head: HeadConfig = Field(default_factory=HeadConfig, description="The head node (slurmctld, login).")
+    head: HeadConfig = Field(
+        default_factory=HeadConfig,
+        description="The head node (slurmctld, slurmdbd; users' login too unless login_nodes are set).",
+    )
+    login_nodes: LoginNodes | None = Field(
+        None,
+        description="Login nodes (login-1, ...), the only nodes users SSH to: the head then admits only the "
+        "administrators (users with sudo) and the cloud's login user. Sized like the head.",
+    )
     node_groups: list[NodeGroup] = Field(min_length=1, description="Compute nodes, named <group>-<n>.")
     partitions: list[Partition] = Field(
         default_factory=list, description="Slurm partitions; default: one per node group, the first the default."
@@ -130,6 +142,10 @@ class ClusterConfig(Strict):
         "from the head). /home is always shared: local a host directory, aws NFS from the head unless listed here.",
     )
     users: list[User] = Field(default_factory=list, description="Cluster users, same UID/GID on every node.")
+    directory: DirectoryConfig | None = Field(
+        None,
+        description="Users from an LDAP directory through SSSD on every node, besides `users` (docs/users.md).",
+    )
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="Per-environment Slurm plugin choices.")
     power: PowerConfig = Field(default_factory=PowerConfig, description="Power saving of elastic node groups.")
     health: HealthConfig = Field(default_factory=HealthConfig, description="Health checks of the compute nodes.")
@@ -141,6 +157,12 @@ class ClusterConfig(Strict):
     )
     accounting: AccountingConfig = Field(
         default_factory=AccountingConfig, description="Slurm accounting (slurmdbd, sacct, fair share)."
+    )
+    training: TrainingConfig = Field(
+        default_factory=TrainingConfig, description="The training environment of the `train` nodes: what a team adds."
+    )
+    rest_api: RestApiConfig = Field(
+        default_factory=RestApiConfig, description="Slurm's REST API (slurmrestd with JWT) on the head."
     )
     monitoring: MonitoringConfig = Field(
         default_factory=MonitoringConfig, description="Prometheus and its exporters; `clusterbake report`."
@@ -183,9 +205,14 @@ class ClusterConfig(Strict):
                 raise ValueError(
                     f"users.{index}.name: {login!r} is the cloud's login user (the controller's); choose another name"
                 )
+        if self.provider == "local" and self.login_nodes is not None and self.login_nodes.ssh_cidrs:
+            raise ValueError(
+                "login_nodes.ssh_cidrs: only for the clouds (local nodes are reached from this machine); remove it"
+            )
         groups = {g.name for g in self.node_groups}
-        if "head" in groups:
-            raise ValueError("node_groups: 'head' is reserved for the head node; rename the group")
+        for reserved in ("head", "login"):
+            if reserved in groups:
+                raise ValueError(f"node_groups: '{reserved}' names the {reserved} nodes; rename the group")
         for index, partition in enumerate(self.partitions):
             for name in partition.node_groups:
                 if name not in groups:
@@ -287,10 +314,11 @@ class ClusterConfig(Strict):
         self._check_slurm_plugins()
         hint, alternative = required
         what, source = kind
-        sections = [("head", self.head)] + [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
+        sections = [("head", self.head)] + ([("login_nodes", self.login_nodes)] if self.login_nodes else [])
+        sections += [(f"node_groups.{i}", g) for i, g in enumerate(self.node_groups)]
         for field, section in sections:
             if not section.instance_type:
-                instead = "" if field == "head" else alternative
+                instead = alternative if field.startswith("node_groups.") else ""
                 raise ValueError(f"{field}.instance_type: required with provider {provider} ({hint}){instead}")
             if not re.fullmatch(pattern, section.instance_type):
                 raise ValueError(f"{field}.instance_type: {section.instance_type} is not {what}")
@@ -325,6 +353,11 @@ class ClusterConfig(Strict):
                     f"users.{index}.account: '{user.account}' is not an account (accounting.accounts: "
                     f"{', '.join(accounts)}); add it there or remove users.{index}.account"
                 )
+        account = self.directory.default_account if self.directory else None
+        if account is not None and account not in accounts:
+            raise ValueError(
+                f"directory.default_account: '{account}' is not an account (accounting.accounts: {', '.join(accounts)})"
+            )
 
     def _check_storage(self) -> None:
         allowed = STORAGE_TYPES[self.provider]
@@ -393,28 +426,49 @@ def extra_ca_files(config: ClusterConfig) -> list[str]:
     return files
 
 
+def _password_line(path: Path, field: str, what: str) -> str:
+    """The one line of a password file on this machine that only its owner reads (input errors otherwise)."""
+    if not path.is_file():
+        raise ConfigError(f"{field}: {path} is not a file on this machine; write {what} there (0600)")
+    if path.stat().st_mode & 0o077:
+        raise ConfigError(f"{field}: {path} is readable by others; chmod 600 {path}")
+    lines = path.read_text().splitlines()
+    return lines[0] if len(lines) == 1 else ""
+
+
+def _check_ca_file(path: str | None, field: str) -> None:
+    if path is not None:
+        ca = Path(path)
+        if not ca.is_file() or "-----BEGIN CERTIFICATE-----" not in ca.read_text(errors="replace"):
+            raise ConfigError(f"{field}: {ca} is not a PEM certificate file on this machine")
+
+
+def check_directory_files(config: ClusterConfig) -> None:
+    """directory's files on this machine: the bind password (one line, readable by no one else) and the CA."""
+    directory = config.directory
+    if directory is None:
+        return
+    if directory.bind_password_file is not None:
+        path, field = Path(directory.bind_password_file), "directory.bind_password_file"
+        line = _password_line(path, field, "bind_dn's password")
+        if not line or re.search(r"[\x00-\x1f\x7f]", line):
+            raise ConfigError(f"{field}: {path} must hold one line, the password")
+    _check_ca_file(directory.ca_file, "directory.ca_file")
+
+
 def check_accounting_files(config: ClusterConfig) -> None:
     """accounting.database's files on this machine: a password slurmdbd can use, readable by no one else, and
     the CA bundle. Read here, never printed; bad ones are input errors, found before anything is created."""
     database = config.accounting.database if config.accounting.enabled else None
     if database is None:
         return
-    path = Path(database.password_file)
-    field = "accounting.database.password_file"
-    if not path.is_file():
-        raise ConfigError(f"{field}: {path} is not a file on this machine; write the database password there (0600)")
-    if path.stat().st_mode & 0o077:
-        raise ConfigError(f"{field}: {path} is readable by others; chmod 600 {path}")
-    lines = path.read_text().splitlines()
-    if len(lines) != 1 or not re.fullmatch(DB_PASSWORD_PATTERN, lines[0]):
+    path, field = Path(database.password_file), "accounting.database.password_file"
+    if not re.fullmatch(DB_PASSWORD_PATTERN, _password_line(path, field, "the database password")):
         raise ConfigError(
             f"{field}: {path} must hold one line, the password: 8 to 128 characters without '#' (slurmdbd.conf(5) "
             "does not allow it), blanks, quotes or backslashes; choose such a password for the database user"
         )
-    if database.ca_file is not None:
-        ca = Path(database.ca_file)
-        if not ca.is_file() or "-----BEGIN CERTIFICATE-----" not in ca.read_text(errors="replace"):
-            raise ConfigError(f"accounting.database.ca_file: {ca} is not a PEM certificate file on this machine")
+    _check_ca_file(database.ca_file, "accounting.database.ca_file")
 
 
 def load_config(path: str | Path) -> ClusterConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated
 
 from pydantic import (
@@ -22,3 +23,13 @@ RESOURCE_GROUP_PATTERN = r"^[-\w.()]{0,89}[-\w()]$"
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check_cidrs(values: list[str]) -> list[str]:
+    """An ssh_cidrs validator: each a CIDR block."""
+    for value in values:
+        try:
+            ipaddress.ip_network(value, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"'{value}' is not a CIDR block ({exc})") from None
+    return values

@@ -11,12 +11,17 @@ from pydantic import (
     model_validator,
 )
 
-from clusterbake.config.base import GUID_PATTERN, RESOURCE_GROUP_PATTERN, Strict
+from clusterbake.config.base import GUID_PATTERN, RESOURCE_GROUP_PATTERN, Strict, check_cidrs
 from clusterbake.config.storage import SUBNET_ID_PATTERN, zone_as_text
 
 
 class LocalConfig(Strict):
     subnet: str = Field("10.77.0.0/24", description="Project bridge subnet; the host takes the first address.")
+    outbound: bool = Field(
+        False,
+        description="Nodes reach beyond this machine (a package index, a registry) through it: NAT on the host "
+        "(nftables, IPv4 forwarding on while such a cluster exists). Off: no route off the bridge.",
+    )
     state_dir: str = Field("/var/lib/clusterbake", description="Images, caches and cluster state.")
     boot_timeout: int = Field(
         60,
@@ -60,16 +65,6 @@ def bastion_field():
 
 def network_interface_field(description: str):
     return Field("auto", pattern=r"^[a-z][a-z0-9]{1,14}$", description=description)
-
-
-def check_cidrs(values: list[str]) -> list[str]:
-    """ssh_cidrs' validator: each a CIDR block."""
-    for value in values:
-        try:
-            ipaddress.ip_network(value, strict=True)
-        except ValueError as exc:
-            raise ValueError(f"'{value}' is not a CIDR block ({exc})") from None
-    return values
 
 
 class AwsConfig(Strict):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     Field,
@@ -79,7 +79,8 @@ class User(Strict):
         False, description="Passwordless sudo on every node: a cluster administrator (and on local, host root)."
     )
     ssh_authorized_keys: list[Annotated[str, Field(pattern=NO_CONTROL, min_length=1)]] = Field(
-        default_factory=list, description="Public keys for SSH to the head (one line each)."
+        default_factory=list,
+        description="Public keys for SSH to the login nodes (to the head when there are none; one line each).",
     )
 
     @field_validator("name")
@@ -379,6 +380,69 @@ class CheckpointsConfig(Strict):
 # Where the monitoring daemons listen (one place: the inventory hands them to the roles, and
 # `clusterbake report` reaches Prometheus there through the head's SSH connection).
 MONITORING_PORTS = {"prometheus": 9090, "node_exporter": 9100, "slurm_exporter": 9341, "dcgm_exporter": 9400}
+
+
+# An LDAP DN: attribute=value pairs (no control characters; SSSD reads it from its file).
+DN_PATTERN = r"^[A-Za-z][A-Za-z0-9-]*=[^\x00-\x1f\x7f]+$"
+
+
+class DirectoryConfig(Strict):
+    """Users from an LDAP directory (OpenLDAP, 389-ds, FreeIPA's or Active Directory's LDAP) through SSSD on
+    every node, besides the config's own users."""
+
+    uri: str = Field(
+        pattern=r"^ldaps?://[A-Za-z0-9.-]+(:\d{1,5})?/?$",
+        description="The directory server: ldaps://host[:port] (TLS), or ldap://host[:port] with start_tls.",
+    )
+    base_dn: str = Field(pattern=DN_PATTERN, description="Where users and groups are searched, e.g. dc=example,dc=org.")
+    users_group: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="The directory group whose members use the cluster: they log in (login nodes) and are "
+        "registered for accounting in default_account; other directory users are refused.",
+    )
+    default_account: str | None = Field(
+        None, description="Slurm account of the directory's users (accounting.accounts); default: the first account."
+    )
+    bind_dn: str | None = Field(
+        None, pattern=DN_PATTERN, description="The DN SSSD binds as (a read-only service account); none: anonymous."
+    )
+    bind_password_file: str | None = Field(
+        None,
+        description="File on this machine with bind_dn's password (one line, 0600): it reaches the nodes in their "
+        "join bundles only (the clouds' secret store), SSSD's config 0600 root.",
+    )
+    ca_file: str | None = Field(
+        None, description="PEM file on this machine: the CA that signed the directory server's certificate."
+    )
+    start_tls: bool = Field(False, description="ldap:// with StartTLS (ldap_id_use_start_tls).")
+    ldap_schema: Literal["rfc2307", "rfc2307bis", "ipa", "ad"] = Field(
+        "rfc2307",
+        description="The directory's schema (SSSD ldap_schema): rfc2307 (OpenLDAP's nis), rfc2307bis, ipa, ad.",
+    )
+    min_uid: int = Field(
+        FIRST_USER_UID,
+        ge=1000,
+        description="Directory users below this uid are not cluster users (SSSD min_id): the images' own accounts.",
+    )
+
+    @model_validator(mode="after")
+    def _secure(self) -> DirectoryConfig:
+        if self.uri.startswith("ldap://") and not self.start_tls:
+            raise ValueError("directory.uri: ldap:// sends the bind password in clear; use ldaps:// or start_tls: true")
+        if (self.bind_dn is None) != (self.bind_password_file is None):
+            raise ValueError("directory.bind_password_file: give bind_dn and bind_password_file together, or neither")
+        return self
+
+
+class RestApiConfig(Strict):
+    """slurmrestd on the head: Slurm's REST API, with JSON Web Tokens (`clusterbake token USER`)."""
+
+    enabled: bool = Field(
+        False,
+        description="slurmrestd on the head's cluster address (JWT only: AuthAltTypes=auth/jwt); reachable from "
+        "the cluster's nodes (the login nodes), never from outside the cluster network.",
+    )
+    port: int = Field(6820, ge=1024, le=65535, description="Its TCP port.")
 
 
 class MonitoringConfig(Strict):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
+    AfterValidator,
     Field,
     model_validator,
 )
@@ -172,4 +174,26 @@ class ImageConfig(Strict):
     )
     azure: AzureImageBuild = Field(
         default_factory=AzureImageBuild, description="Azure image build (provider azure): the build VM and the image."
+    )
+
+
+def _plain_requirement(value: str) -> str:
+    """A pip requirement line from the index: a name, extras, a version, markers; no URL or pip option."""
+    try:
+        requirement = Requirement(value)
+    except InvalidRequirement as exc:
+        raise ValueError(f"{value!r} is not a pip requirement ({exc})") from None
+    if requirement.url:
+        raise ValueError(f"{value!r}: a name and a version from the index only (no URL, no pip option)")
+    return value
+
+
+class TrainingConfig(Strict):
+    """The training environment every `train` node has (torch, DeepSpeed), and what a team adds to it."""
+
+    extra_requirements: list[Annotated[str, AfterValidator(_plain_requirement)]] = Field(
+        default_factory=list,
+        description="pip requirement lines baked into the training environment with torch and DeepSpeed, resolved "
+        "together (e.g. `transformers==4.57.1`, `datasets>=3`): names and versions from PyPI only (no URL, no pip "
+        "option). A change builds a new image. One user's own packages: docs/users.md.",
     )

@@ -11,7 +11,7 @@ from pydantic import (
     model_validator,
 )
 
-from clusterbake.config.base import Name, Strict
+from clusterbake.config.base import Name, Strict, check_cidrs
 
 AWS_INSTANCE_TYPE_PATTERN = r"^[a-z0-9-]+\.[a-z0-9-]+$"
 # Azure VM sizes: Standard_ND96isr_H100_v5, Standard_D4s_v5, ... (case-insensitive in Azure).
@@ -51,6 +51,27 @@ class NodeSize(Strict):
 
 class HeadConfig(NodeSize):
     pass
+
+
+# Login nodes a cluster may have (login-1 .. login-16).
+MAX_LOGIN_NODES = 16
+
+
+class LoginNodes(NodeSize):
+    """Nodes users log in to (login-1, login-2, ...): Slurm's client commands, the training environment
+    and the shared file systems, no daemon of Slurm's. With them the head is the operators' only."""
+
+    count: int = Field(1, ge=1, le=MAX_LOGIN_NODES, description="How many login nodes (login-1, login-2, ...).")
+    ssh_cidrs: list[str] = Field(
+        default_factory=list,
+        description="Clouds: the users' networks, allowed to reach SSH on the login nodes only (their own "
+        "security group or NSG rules); the operators' aws.ssh_cidrs / azure.ssh_cidrs reach every node.",
+    )
+
+    @field_validator("ssh_cidrs")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        return check_cidrs(values)
 
 
 class NodeGroup(NodeSize):

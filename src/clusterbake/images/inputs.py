@@ -82,7 +82,7 @@ def local_inputs_digest(config: ClusterConfig) -> str:
     h.update(base_key(config).encode())
     h.update(" ".join(builder_groups(config)).encode())
     if "train" in builder_groups(config):
-        h.update(wheelhouse_key().encode())
+        h.update(wheelhouse_key(config.training.extra_requirements).encode())
     for ca in extra_ca_files(config):
         h.update(Path(ca).read_bytes())
     hash_repository_inputs(h, repo_root())

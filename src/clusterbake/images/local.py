@@ -121,7 +121,8 @@ def _prepare_builder(root: Path, config: ClusterConfig, port: int, key: Path) ->
     (root / "etc/ssh/sshd_config.d/clusterbake-builder.conf").write_text(
         f"# builder only, removed from the image\nPort {port}\nListenAddress 127.0.0.1\n"
     )
-    subprocess.run(["ssh-keygen", "-q", "-A", "-f", str(root)], check=True)
+    # -A says which keys it makes on stdout even with -q: kept off stdout (`twin up` prints only exports there).
+    subprocess.run(["ssh-keygen", "-q", "-A", "-f", str(root)], check=True, stdout=subprocess.DEVNULL)
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
@@ -236,7 +237,7 @@ def _bake(config: ClusterConfig, state: StateDir, store: ImageStore, digest: str
     wheelhouse = None
     if "train" in (layer.groups if layer else groups):
         with phase("training wheelhouse (torch, DeepSpeed; cached)"):
-            wheelhouse = ensure_wheelhouse(state.cache, log_file)
+            wheelhouse = ensure_wheelhouse(state.cache, log_file, config.training.extra_requirements)
     build_dir = store.dir / f"{name}.build"
     try:
         with phase("builder node" + (" (a copy of the base image)" if layer else "")):

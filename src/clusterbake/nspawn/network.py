@@ -92,11 +92,14 @@ def ensure_node_network(
     *,
     ifname: str = "host0",
     routes: tuple[str, ...] = (),
+    default_via: str | None = None,
 ) -> str:
     """Create the node's netns and veth pair; configure `ifname` inside with a fixed address.
 
     `routes` are destinations reached directly on that interface (on-link), such as a
     whole VPC's range or a metadata address held by a namespace on the same bridge.
+    `default_via`: the host's bridge address when the cluster may reach beyond this machine
+    (local.outbound: the host masquerades it, nspawn/outbound.py); None, no default route.
     """
     netns = netns_name(cluster, node)
     veth = veth_name(cluster, node)
@@ -110,12 +113,23 @@ def ensure_node_network(
     if f'"{address}"' not in inside:
         _ip("addr", "add", f"{address}/{prefix}", "dev", ifname, netns=netns)
     _ip("link", "set", "lo", "up", netns=netns)
-    # No default route on purpose: nodes talk to each other and to the host's bridge
+    # No default route unless asked: nodes talk to each other and to the host's bridge
     # address only, never to anything beyond this machine.
     _ip("link", "set", ifname, "up", netns=netns)
     for destination in routes:
         _ip("route", "replace", destination, "dev", ifname, "scope", "link", netns=netns)
+    set_default_route(netns, ifname, default_via)
     return netns
+
+
+def set_default_route(netns: str, ifname: str, via: str | None) -> None:
+    """The node's default route through `via`, or none (removed if it had one)."""
+    current = json.loads(_ip("-j", "route", "show", "default", netns=netns).stdout or "[]")
+    if via is None:
+        if current:
+            _ip("route", "del", "default", netns=netns)
+    elif [(r.get("gateway"), r.get("dev")) for r in current] != [(via, ifname)]:
+        _ip("route", "replace", "default", "via", via, "dev", ifname, netns=netns)
 
 
 def set_mac(netns: str, ifname: str, mac: str) -> None:

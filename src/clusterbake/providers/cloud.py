@@ -19,7 +19,7 @@ from typing import Any
 from clusterbake import remote
 from clusterbake.config import NodeGroup
 from clusterbake.errors import ClusterbakeError
-from clusterbake.plan import NodeSpec, address_pool, assign_addresses
+from clusterbake.plan import LOGIN_GROUP, NodeSpec, address_pool, assign_addresses
 from clusterbake.progress import say
 from clusterbake.providers import common
 from clusterbake.providers.base import NodeStatus, Provider
@@ -161,12 +161,19 @@ class CloudProvider(Provider):
     def _market(self, group: NodeGroup | None) -> str:
         return "spot" if group is not None and group.spot else "on-demand"
 
+    def self_joining_groups(self) -> list[str]:
+        """The groups whose nodes join by themselves from a bundle in the secret store: the login nodes'
+        and the node groups."""
+        return [*([LOGIN_GROUP] if self.config.login_nodes else []), *(g.name for g in self.config.node_groups)]
+
     def _group(self, name: str) -> NodeGroup | None:
         return next((g for g in self.config.node_groups if g.name == name), None)
 
     def _instance_type(self, node: NodeSpec) -> str:
         group = self._group(node.nodegroup)
-        return group.instance_type if group else self.config.head.instance_type
+        if group is not None:
+            return group.instance_type
+        return self.config.login_nodes.instance_type if node.role == "login" else self.config.head.instance_type
 
     def addresses(self, machines: dict[str, Machine] | None = None, in_use: set[str] | None = None) -> dict[str, str]:
         """Every planned node's private address (head, static and elastic nodes), kept for good.
@@ -252,14 +259,14 @@ class CloudProvider(Provider):
 
     @cloud_errors
     def after_configure(self) -> list[str]:
-        """Publish each node group's join bundle (where it changed); the running nodes of a group the
-        cloud says should refresh fetch the new one now, the others at their next boot."""
+        """Publish each node group's (and the login nodes') join bundle where it changed; the running
+        nodes of a group the cloud says should refresh fetch the new one now, the others at their next boot."""
         bundles = {}
-        for group in self.config.node_groups:
-            path = self.cluster.join_bundles / f"{group.name}.json"
+        for group in self.self_joining_groups():
+            path = self.cluster.join_bundles / f"{group}.json"
             if path.exists():
-                bundles[group.name] = path.read_text()
-                self._check_bundle(group.name, bundles[group.name])
+                bundles[group] = path.read_text()
+                self._check_bundle(group, bundles[group])
         publish = self._bundle_publisher()
         changes: list[str] = []
         refresh: list[str] = []

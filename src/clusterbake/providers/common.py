@@ -94,6 +94,16 @@ def pin_from_console(
         time.sleep(HOST_KEYS_POLL)
 
 
+def controller_files(cluster: ClusterDir) -> dict:
+    """Where the roles find the cluster's secrets and join bundles on this machine (every provider)."""
+    return {
+        "munge_key_file": str(cluster.munge_key),
+        "slurm_accounting_local_password_file": str(cluster.db_password),
+        "slurm_jwt_key_file": str(cluster.jwt_key),
+        "node_join_controller_dir": str(cluster.join_bundles),
+    }
+
+
 def connection_vars(cluster: ClusterDir, user: str, options: list[str], extra: dict) -> dict:
     """The inventory's connection vars: `user` with sudo, the cluster's key and `options`, then `extra`."""
     return {
@@ -101,9 +111,7 @@ def connection_vars(cluster: ClusterDir, user: str, options: list[str], extra: d
         "ansible_become": True,
         "ansible_ssh_private_key_file": str(cluster.ssh_key),
         "ansible_ssh_common_args": " ".join(options),
-        "munge_key_file": str(cluster.munge_key),
-        "slurm_accounting_local_password_file": str(cluster.db_password),
-        "node_join_controller_dir": str(cluster.join_bundles),
+        **controller_files(cluster),
         **extra,
     }
 
@@ -139,9 +147,11 @@ def resource_name(cluster: str, *parts: str) -> str:
 
 
 def instance_type_fields(config: ClusterConfig) -> list[tuple[str, str]]:
-    """(field path, instance type or VM size) of the head and every node group (each of a group's
-    instance_types), those that are set."""
+    """(field path, instance type or VM size) of the head, the login nodes and every node group (each
+    of a group's instance_types), those that are set."""
     fields = [("head.instance_type", config.head.instance_type)]
+    if config.login_nodes is not None:
+        fields.append(("login_nodes.instance_type", config.login_nodes.instance_type))
     for i, group in enumerate(config.node_groups):
         if group.instance_types:
             fields += [(f"node_groups.{i}.instance_types.{j}", t) for j, t in enumerate(group.instance_types)]

@@ -15,7 +15,7 @@ from clusterbake.dry_run import CREATE, EXISTS, PlannedResource
 from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.images.store import aws_image_source, find_aws_image
 from clusterbake.inventory import build_inventory
-from clusterbake.plan import NodeSpec, plan_nodes
+from clusterbake.plan import LOGIN_GROUP, NodeSpec, plan_nodes
 from clusterbake.progress import say
 from clusterbake.providers import common
 from clusterbake.providers.aws import (
@@ -202,6 +202,13 @@ class AwsProvider(CloudProvider):
         cluster = self.config.cluster_name
         group_id, created = resources.ensure_security_group(self.client, cluster, self.aws.vpc_id, self.aws.ssh_cidrs)
         say(f"    security group {resources.security_group_name(cluster)} ({group_id}){' created' if created else ''}")
+        login_group_id = None
+        if self.config.login_nodes is not None:
+            login_group_id, created = resources.ensure_security_group(
+                self.client, cluster, self.aws.vpc_id, self.config.login_nodes.ssh_cidrs, login=True
+            )
+            name = resources.security_group_name(cluster, resources.LOGIN_GROUP_SUFFIX)
+            say(f"    security group {name} ({login_group_id}, the login nodes'){' created' if created else ''}")
         profile, _, profile_created = iam.ensure_node_role(
             self.api("iam"),
             self.api("sts"),
@@ -223,11 +230,12 @@ class AwsProvider(CloudProvider):
         )
         for name, endpoint in sorted(endpoints.items()):
             say(f"    {endpoint['type']} {endpoint['file_system_id']} for storage {name}")
-        for group in self.config.node_groups:
+        for nodegroup in self.self_joining_groups():
             join_secrets.ensure_secret(
-                self.api("secretsmanager"), cluster, group.name, self.kms_key_arn, kms=self.api("kms")
+                self.api("secretsmanager"), cluster, nodegroup, self.kms_key_arn, kms=self.api("kms")
             )
-        templates = self._ensure_templates(ami_id, group_id, profile, iam.head_role_name(cluster))
+        security_groups = {"compute": [group_id], "head": [group_id], "login": [group_id, login_group_id]}
+        templates = self._ensure_templates(ami_id, security_groups, profile, iam.head_role_name(cluster))
         # The head's role launches and terminates elastic nodes (its power program): from the
         # compute groups' templates only, passing the node role only.
         head_profile, _, head_created = iam.ensure_head_role(
@@ -265,13 +273,13 @@ class AwsProvider(CloudProvider):
         missing = [n for n in static if n.name not in existing]
         elastic = len(self.nodes) - len(static)
         if missing:
-            self._launch(missing, templates, group_id, addresses)
+            self._launch(missing, templates, security_groups, addresses)
         else:
             say(f"    all {len(static)} nodes exist")
         if elastic:
             say(f"    {elastic} elastic node(s) powered up by Slurm for jobs")
         self._forget_replaced_hosts()
-        self._write_state(ami_id, group_id, templates, endpoints, addresses)
+        self._write_state(ami_id, security_groups, templates, endpoints, addresses)
 
     def _ensure_head_profile(self, head: dict, profile: str) -> None:
         """A head launched before the head role existed (with the node profile) gets the head's profile."""
@@ -298,13 +306,16 @@ class AwsProvider(CloudProvider):
         say(f"    head {head['InstanceId']}: instance profile now {profile}")
 
     def _ensure_templates(
-        self, ami_id: str, group_id: str, profile: str, head_profile: str
+        self, ami_id: str, security_groups: dict[str, list[str]], profile: str, head_profile: str
     ) -> dict[str, tuple[str, str]]:
-        """A launch template per node group and the head (the head with its own profile): name -> (id, version)."""
+        """A launch template per node group, the head and the login nodes (the head with its own profile,
+        the login nodes with their own security group besides the cluster's): name -> (id, version)."""
         cluster = self.config.cluster_name
         sections: list[tuple[str, str, str, NodeGroup | None]] = [
             ("head", "head", self.config.head.instance_type, None)
         ]
+        if self.config.login_nodes is not None:
+            sections.append(("login", LOGIN_GROUP, self.config.login_nodes.instance_type, None))
         sections += [("compute", g.name, g.instance_type, g) for g in self.config.node_groups]
         templates = {}
         for role, nodegroup, instance_type, group in sections:
@@ -316,7 +327,7 @@ class AwsProvider(CloudProvider):
                 ami_id=ami_id,
                 info=self.infos[instance_type],
                 subnet_id=self.aws.subnet_id,
-                group_id=group_id,
+                group_ids=security_groups[role],
                 node_tags=tags.node_tags(cluster, role, nodegroup),
                 efa=bool(group and group.efa),
                 placement_group=pg_name,
@@ -324,7 +335,7 @@ class AwsProvider(CloudProvider):
                 capacity_reservation_id=group.capacity_reservation_id if group else None,
                 capacity_block=self._capacity_block(group),
                 key_name=self.aws.key_name,
-                instance_profile=profile if group else head_profile,
+                instance_profile=head_profile if role == "head" else profile,
             )
             name = resources.template_name(cluster, nodegroup)
             template_id, version, what = resources.ensure_launch_template(self.client, name, data, cluster)
@@ -334,8 +345,9 @@ class AwsProvider(CloudProvider):
         return templates
 
     def _join_source(self, node: NodeSpec) -> dict[str, str] | None:
-        """Where a compute node reads its bundle: its group's secret, with the endpoint this controller uses."""
-        if node.role != "compute":
+        """Where a compute or login node reads its bundle: its group's secret, with the endpoint this
+        controller uses."""
+        if node.role == "head":
             return None  # the head is configured by Ansible
         return {
             "cloud": "aws",
@@ -348,7 +360,7 @@ class AwsProvider(CloudProvider):
         self,
         missing: list[NodeSpec],
         templates: dict[str, tuple[str, str]],
-        group_id: str,
+        security_groups: dict[str, list[str]],
         addresses: dict[str, str],
     ) -> None:
         """Launch the missing nodes, each at its planned address (a replaced node gets its own back)."""
@@ -361,7 +373,10 @@ class AwsProvider(CloudProvider):
             template_id, version = templates[node.nodegroup]
             group = self._group(node.nodegroup)
             interfaces = resources.network_interfaces(
-                self.infos[self._instance_type(node)], bool(group and group.efa), self.aws.subnet_id, group_id
+                self.infos[self._instance_type(node)],
+                bool(group and group.efa),
+                self.aws.subnet_id,
+                security_groups[node.role],
             )
             interfaces[0]["PrivateIpAddress"] = addresses[node.name]
             batch.nodes.append(
@@ -395,7 +410,7 @@ class AwsProvider(CloudProvider):
     def _write_state(
         self,
         ami_id: str,
-        group_id: str,
+        security_groups: dict[str, list[str]],
         templates: dict[str, tuple[str, str]],
         endpoints: dict[str, dict],
         addresses: dict[str, str],
@@ -417,7 +432,8 @@ class AwsProvider(CloudProvider):
                 "image": ami_id,
                 "region": self.aws.region,
                 "availability_zone": self.zone,
-                "security_group": group_id,
+                "security_group": security_groups["head"][0],
+                **({"login_security_group": security_groups["login"][1]} if self.config.login_nodes else {}),
                 "instance_profile": iam.node_role_name(self.config.cluster_name),
                 "launch_templates": {name: {"id": i, "version": v} for name, (i, v) in templates.items()},
                 "storage": endpoints,
@@ -515,7 +531,7 @@ class AwsProvider(CloudProvider):
             self.tell_slurm_down(name, reason)
         addresses = self.addresses(discover.machines_of(existing))
         try:
-            self._launch([node], templates, state["security_group"], addresses)
+            self._launch([node], templates, self._recorded_security_groups(state), addresses)
         except ClusterbakeError:
             # The head's loop may have launched it between that look and this launch, which EC2 then
             # refuses (InvalidIPAddress.InUse: the address is its instance's).
@@ -525,7 +541,7 @@ class AwsProvider(CloudProvider):
         self._forget_replaced_hosts()
         self._write_state(
             state["image"],
-            state["security_group"],
+            self._recorded_security_groups(state),
             templates | self._recorded_templates(state),
             state.get("storage", {}),
             addresses,
@@ -539,6 +555,16 @@ class AwsProvider(CloudProvider):
             return False
         say(f"    node {name}: the head has launched its replacement already")
         return True
+
+    @staticmethod
+    def _recorded_security_groups(state: dict) -> dict[str, list[str]]:
+        """Each role's security groups, as state.json has them (the login nodes' with the cluster's)."""
+        cluster_group = state["security_group"]
+        return {
+            "head": [cluster_group],
+            "compute": [cluster_group],
+            "login": [cluster_group, *([state["login_security_group"]] if state.get("login_security_group") else [])],
+        }
 
     @staticmethod
     def _recorded_templates(state: dict) -> dict[str, tuple[str, str]]:
@@ -586,14 +612,14 @@ class AwsProvider(CloudProvider):
             wait_for_state(self.client, ids, "terminated")
             described += sorted(f"instance {discover.name_of(i) or '?'} ({i['InstanceId']})" for i in instances)
         removed += described if len(described) <= LIST_LIMIT else [f"{len(described)} instances"]
-        groups = resources.find_security_groups(self.client, cluster)
+        own = resources.cluster_security_group(resources.find_security_groups(self.client, cluster), cluster)
         # File systems first: their mount targets hold on to the security group.
         removed += storage.delete_file_systems(
             self.api("efs"),
             self.api("fsx"),
             cluster,
             self.config.storage or [],
-            security_group_id=groups[0]["GroupId"] if groups else None,
+            security_group_id=own["GroupId"] if own else None,
         )
         for template in resources.find_launch_templates(self.client, cluster):
             resources.delete_launch_template(self.client, template["LaunchTemplateId"])
@@ -605,7 +631,7 @@ class AwsProvider(CloudProvider):
         for group in resources.find_security_groups(self.client, cluster):
             resources.delete_security_group(self.client, group["GroupId"])
             removed.append(f"security group {group['GroupName']} ({group['GroupId']})")
-        nodegroups = ["head", *(g.name for g in self.config.node_groups)]
+        nodegroups = ["head", LOGIN_GROUP, *(g.name for g in self.config.node_groups)]
         removed += join_secrets.delete_all(self.api("secretsmanager"), cluster, nodegroups)
         removed += iam.delete_node_role(self.api("iam"), cluster)
         removed += iam.delete_head_role(self.api("iam"), cluster)
@@ -624,7 +650,7 @@ class AwsProvider(CloudProvider):
         name). A cluster without any instance (not provisioned) has no hosts."""
         cluster = os.environ.get("CLUSTERBAKE_CLUSTER") or self.config.cluster_name
         instances = discover.cluster_instances(self.client, cluster)
-        types = {self.config.head.instance_type, *(t for g in self.config.node_groups for t in g.types)}
+        types = {value for _, value in common.instance_type_fields(self.config)}
         infos = self.catalogue.get(types | {i["InstanceType"] for i in instances})
         endpoints = storage.describe_endpoints(
             self.api("efs"), self.api("fsx"), cluster, self.config.storage or [], self.aws.region, self.aws.subnet_id
@@ -701,8 +727,8 @@ class AwsProvider(CloudProvider):
             t["LaunchTemplateName"]: (t["LaunchTemplateId"], str(t["LatestVersionNumber"]))
             for t in resources.find_launch_templates(self.client, cluster)
         }
-        groups = resources.find_security_groups(self.client, cluster)
-        group_id = groups[0]["GroupId"] if groups else None
+        own = resources.cluster_security_group(resources.find_security_groups(self.client, cluster), cluster)
+        group_id = own["GroupId"] if own else None
         public_key = self.cluster.ssh_key.with_suffix(".pub")
         keys = [public_key.read_text().strip()] if public_key.exists() else []
         power_groups = {}
@@ -716,7 +742,7 @@ class AwsProvider(CloudProvider):
                 "launch_template": {"id": template[0], "version": template[1]},
                 "instance_types": group.types,
                 "network_interfaces": {
-                    t: resources.network_interfaces(infos[t], group.efa, self.aws.subnet_id, group_id)
+                    t: resources.network_interfaces(infos[t], group.efa, self.aws.subnet_id, [group_id])
                     for t in group.types
                 },
                 "user_data": user_data_template(
@@ -845,10 +871,10 @@ class AwsProvider(CloudProvider):
         if any(group.spot for group in groups):
             planned.append(("service-linked role (the account's)", iam.SPOT_ROLE, iam.spot_role_exists(iam_client)))
         planned += storage.planned(self.api("efs"), self.api("fsx"), cluster, self.config.storage or [])
-        for group in groups:
-            name = join_secrets.secret_name(cluster, group.name)
+        for nodegroup in self.self_joining_groups():
+            name = join_secrets.secret_name(cluster, nodegroup)
             planned.append(("Secrets Manager secret", name, name in secrets))
-        for nodegroup in ["head", *(group.name for group in groups)]:
+        for nodegroup in ["head", *self.self_joining_groups()]:
             name = resources.template_name(cluster, nodegroup)
             planned.append(("launch template", name, name in templates))
         for group in groups:

@@ -23,6 +23,7 @@ from botocore.exceptions import ClientError
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
+from clusterbake.plan import LOGIN_GROUP
 from clusterbake.providers.aws.api import call, error_code, paginate
 from clusterbake.providers.aws.catalogue import InstanceTypeInfo
 
@@ -105,6 +106,9 @@ def plan_needs(
     needs: dict[str, QuotaNeed] = {}
     unchecked: list[str] = []
     sections = [("head.instance_type", config.head.instance_type, ["head"], False)]
+    if config.login_nodes is not None:
+        names = [f"{LOGIN_GROUP}-{n}" for n in range(1, config.login_nodes.count + 1)]
+        sections.append(("login_nodes.instance_type", config.login_nodes.instance_type, names, False))
     for index, group in enumerate(config.node_groups):
         field = f"node_groups.{index}.instance_type"
         if group.name in blocks:

@@ -4,6 +4,8 @@ Security group `clusterbake-<cluster>` (in aws.vpc_id):
 - all traffic from and to itself (EFA's OS-bypass traffic needs both directions),
 - TCP 22 from each of aws.ssh_cidrs (rules for other CIDRs on port 22 are revoked),
 - EC2's default egress to 0.0.0.0/0 stays (package mirrors, S3).
+With login nodes, security group `clusterbake-<cluster>-login` besides it on theirs: TCP 22 from
+each of login_nodes.ssh_cidrs (the users' networks), nothing else of its own.
 
 Launch template `clusterbake-<cluster>-<nodegroup>` (and `clusterbake-<cluster>-head`):
 AMI, type, the node role's instance profile, IMDSv2 required, the network interfaces (EFA
@@ -65,16 +67,29 @@ def _permission(key: tuple) -> dict:
     return perm
 
 
-def desired_rules(group_id: str, ssh_cidrs: list[str]) -> tuple[set[tuple], set[tuple]]:
-    """(ingress, egress) rule keys the cluster's group must have."""
-    itself = ("-1", None, None, "group", group_id)
-    ingress = {itself} | {("tcp", 22, 22, "cidr", str(ipaddress.ip_network(c))) for c in ssh_cidrs}
-    return ingress, {itself}
+# The login nodes' own security group: clusterbake-<cluster>-login.
+LOGIN_GROUP_SUFFIX = "login"
 
 
-def ensure_security_group(client, cluster: str, vpc_id: str, ssh_cidrs: list[str]) -> tuple[str, bool]:
-    """The cluster's security group id (created when missing) with its rules in sync."""
-    name = security_group_name(cluster)
+def desired_rules(group_id: str, ssh_cidrs: list[str], within: bool = True) -> tuple[set[tuple], set[tuple]]:
+    """(ingress, egress) rule keys a group must have: the cluster's (`within`: all traffic among its
+    members) or the login nodes' (SSH only)."""
+    itself = {("-1", None, None, "group", group_id)} if within else set()
+    ingress = itself | {("tcp", 22, 22, "cidr", str(ipaddress.ip_network(c))) for c in ssh_cidrs}
+    return ingress, itself
+
+
+def cluster_security_group(groups: list[dict], cluster: str) -> dict | None:
+    """Of the groups tagged for the cluster, the cluster's own (not the login nodes')."""
+    return next((g for g in groups if g.get("GroupName") == security_group_name(cluster)), None)
+
+
+def ensure_security_group(
+    client, cluster: str, vpc_id: str, ssh_cidrs: list[str], login: bool = False
+) -> tuple[str, bool]:
+    """The cluster's security group id, or (`login`) the login nodes', created when missing, with its
+    rules in sync."""
+    name = security_group_name(cluster, LOGIN_GROUP_SUFFIX) if login else security_group_name(cluster)
     filters = [{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "group-name", "Values": [name]}]
     found = call(client.describe_security_groups, Filters=filters)["SecurityGroups"]
     created = not found
@@ -89,18 +104,20 @@ def ensure_security_group(client, cluster: str, vpc_id: str, ssh_cidrs: list[str
         group_id = call(
             client.create_security_group,
             GroupName=name,
-            Description=f"clusterbake cluster {cluster}: all traffic within the cluster, SSH from ssh_cidrs",
+            Description=f"clusterbake cluster {cluster}: SSH to the login nodes from login_nodes.ssh_cidrs"
+            if login
+            else f"clusterbake cluster {cluster}: all traffic within the cluster, SSH from ssh_cidrs",
             VpcId=vpc_id,
             TagSpecifications=[tags.spec("security-group", {tags.CLUSTER: cluster, "Name": name})],
         )["GroupId"]
         group = call(client.describe_security_groups, GroupIds=[group_id])["SecurityGroups"][0]
-    sync_rules(client, group, ssh_cidrs)
+    sync_rules(client, group, ssh_cidrs, within=not login)
     return group["GroupId"], created
 
 
-def sync_rules(client, group: dict, ssh_cidrs: list[str]) -> None:
+def sync_rules(client, group: dict, ssh_cidrs: list[str], within: bool = True) -> None:
     group_id = group["GroupId"]
-    want_in, want_out = desired_rules(group_id, ssh_cidrs)
+    want_in, want_out = desired_rules(group_id, ssh_cidrs, within)
     have_in = _rule_keys(group.get("IpPermissions", []))
     have_out = _rule_keys(group.get("IpPermissionsEgress", []))
     stale_ssh = {k for k in have_in - want_in if k[:4] == ("tcp", 22, 22, "cidr")}
@@ -132,7 +149,7 @@ def delete_security_group(client, group_id: str) -> None:
 # --- launch templates -------------------------------------------------------------
 
 
-def network_interfaces(info: InstanceTypeInfo, efa: bool, subnet_id: str, group_id: str) -> list[dict]:
+def network_interfaces(info: InstanceTypeInfo, efa: bool, subnet_id: str, group_ids: list[str]) -> list[dict]:
     """The primary (ENA) interface, and for EFA groups one EFA-only interface per EFA card.
 
     AWS EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with multiple
@@ -144,7 +161,7 @@ def network_interfaces(info: InstanceTypeInfo, efa: bool, subnet_id: str, group_
     EFA-only; p4d.24xlarge: ENA + 4; p6-b300 (card 0 takes no EFA): ENA + cards 1-16.
     The primary leaves InterfaceType out: the API's default, `interface`.
     """
-    common = {"SubnetId": subnet_id, "Groups": [group_id], "DeleteOnTermination": True}
+    common = {"SubnetId": subnet_id, "Groups": list(group_ids), "DeleteOnTermination": True}
     if not efa:
         return [{"DeviceIndex": 0, **common}]
     primary = {"NetworkCardIndex": 0, "DeviceIndex": 0, **common}
@@ -159,7 +176,7 @@ def template_data(
     ami_id: str,
     info: InstanceTypeInfo,
     subnet_id: str,
-    group_id: str,
+    group_ids: list[str],
     node_tags: dict[str, str],
     efa: bool = False,
     placement_group: str | None = None,
@@ -175,7 +192,7 @@ def template_data(
         # Hop limit 1: a container behind the node (one routing hop) gets no IMDSv2 token. Set here,
         # never left to EC2: an AMI registered with ImdsSupport v2.0 (ours) defaults to 2.
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
-        "NetworkInterfaces": network_interfaces(info, efa, subnet_id, group_id),
+        "NetworkInterfaces": network_interfaces(info, efa, subnet_id, group_ids),
         "TagSpecifications": [
             tags.spec("instance", node_tags),
             tags.spec("volume", {tags.CLUSTER: node_tags[tags.CLUSTER]}),

@@ -139,7 +139,10 @@ def azure_plan(config: ClusterConfig, shapes: dict[str, SkuInfo]) -> list[NodeSp
     groups = {g.name: g for g in config.node_groups}
     nodes = []
     for node in plan_nodes(config, shapes=shapes):
-        size = groups[node.nodegroup].instance_type if node.role == "compute" else config.head.instance_type
+        sizes = {"head": config.head.instance_type}
+        if config.login_nodes is not None:
+            sizes["login"] = config.login_nodes.instance_type
+        size = groups[node.nodegroup].instance_type if node.role == "compute" else sizes[node.role]
         info = shapes.get(size)
         if info is None:
             nodes.append(node)

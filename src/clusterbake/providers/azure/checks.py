@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
+from clusterbake.plan import LOGIN_GROUP
 from clusterbake.progress import say
 from clusterbake.providers.azure.api import get_or_none
 from clusterbake.providers.azure.catalogue import Catalogue, SkuInfo, uses_infiniband
@@ -148,11 +149,14 @@ def check_quota(config: ClusterConfig, compute, infos: dict[str, SkuInfo], exist
     azure = config.azure
     usages = {u.name.value: (u.current_value, u.limit) for u in compute.usage.list(azure.location)}
     sections = [("head", "head.instance_type", config.head.instance_type, 1, False)]
+    if "head" in existing:
+        sections[0] = (*sections[0][:3], 0, False)
+    if config.login_nodes is not None:
+        count = sum(1 for n in range(1, config.login_nodes.count + 1) if f"{LOGIN_GROUP}-{n}" not in existing)
+        sections.append((LOGIN_GROUP, "login_nodes.instance_type", config.login_nodes.instance_type, count, False))
     for index, group in enumerate(config.node_groups):
         missing = sum(1 for n in range(1, group.static_count + 1) if f"{group.name}-{n}" not in existing)
         sections.append((group.name, f"node_groups.{index}.instance_type", group.instance_type, missing, group.spot))
-    if "head" in existing:
-        sections[0] = (*sections[0][:3], 0, False)
     needed: dict[str, int] = {}
     for _, field, size, count, spot in sections:
         if not count:

@@ -51,7 +51,7 @@ def settings(provider: AzureProvider) -> dict | None:
                 subnet_id=provider.subnet.id,
                 address="",
                 nsg_id=nsg.id,
-                asg_id=asg.id,
+                asg_ids=[asg.id],
                 node_tags=node_tags,
                 accelerated_networking=hardware["accelerated_networking"],
             ),

@@ -21,7 +21,7 @@ from clusterbake.errors import ClusterbakeError, ConfigError
 from clusterbake.gpu_systems import infiniband_expectation
 from clusterbake.images.store import azure_image_source, find_azure_image
 from clusterbake.inventory import build_inventory
-from clusterbake.plan import NodeSpec
+from clusterbake.plan import LOGIN_GROUP, NodeSpec
 from clusterbake.progress import say
 from clusterbake.providers import common
 from clusterbake.providers.azure import (
@@ -106,8 +106,9 @@ class AzureProvider(CloudProvider):
         )
 
     def _group_of(self, nodegroup: str) -> str:
-        """Where a node group's VMs and NICs are: the head's in azure.resource_group, compute nodes' in theirs."""
-        return self.azure.resource_group if nodegroup == "head" else self.nodes_group
+        """Where a node group's VMs and NICs are: the head's and the login nodes' in azure.resource_group
+        (the head's power identity writes none of them), compute nodes' in theirs."""
+        return self.azure.resource_group if nodegroup in ("head", LOGIN_GROUP) else self.nodes_group
 
     @property
     def vault_name(self) -> str:
@@ -190,7 +191,8 @@ class AzureProvider(CloudProvider):
         self.cluster.ensure_secrets()
         self._ensure_group()
         asg_id = self._ensure_asg()
-        nsg_id = self._ensure_nsg(asg_id)
+        login_asg_id = self._ensure_asg(login=True) if self.config.login_nodes else None
+        nsg_id = self._ensure_nsg(asg_id, login_asg_id)
         storage.ensure(self.clients.storage, self.config, self.subnet.id)
         blobs.ensure(self.clients.storage, self.config, self.subnet.id)
         # Azure takes minutes to make a Lustre file system: started now, waited for before the VMs.
@@ -219,7 +221,8 @@ class AzureProvider(CloudProvider):
         context = {
             "image": image,
             "nsg_id": nsg_id,
-            "asg_id": asg_id,
+            # Each role's application security groups: the login nodes' own besides the cluster's.
+            "asg_ids": {"head": [asg_id], "compute": [asg_id], "login": [asg_id, login_asg_id]},
             "identity": identity,
             "head_identity": head_identity,
             "vault_url": vault_url,
@@ -227,7 +230,7 @@ class AzureProvider(CloudProvider):
         }
         amlfs.wait(lustre)  # the nodes mount them as they join
         failures = []
-        for nodegroup in ["head", *(g.name for g in self.config.node_groups)]:
+        for nodegroup in ["head", *self.self_joining_groups()]:
             nodes = [n for n in missing if n.nodegroup == nodegroup]
             if nodes:
                 try:
@@ -278,8 +281,10 @@ class AzureProvider(CloudProvider):
                 f"the cluster's resources go to {self.azure.location}"
             )
 
-    def _ensure_asg(self) -> str:
-        name = resources.cluster_name(self.config.cluster_name)
+    def _ensure_asg(self, login: bool = False) -> str:
+        """The cluster's application security group, or (`login`) the login nodes'."""
+        cluster = self.config.cluster_name
+        name = common.resource_name(cluster, LOGIN_GROUP) if login else resources.cluster_name(cluster)
         body = {"location": self.azure.location, "tags": tags.cluster_tags(self.config.cluster_name)}
         found, created = self._find_or_create(self.clients.network.application_security_groups, name, body, poll=True)
         if created:
@@ -288,11 +293,12 @@ class AzureProvider(CloudProvider):
             self._owned(found.tags, f"application security group {name}")
         return found.id
 
-    def _ensure_nsg(self, asg_id: str) -> str:
+    def _ensure_nsg(self, asg_id: str, login_asg_id: str | None) -> str:
         name = resources.cluster_name(self.config.cluster_name)
         api = self.clients.network.network_security_groups
         lustre = amlfs.server_prefixes(self.clients.network, self.clients.storagecache, self.config, self.subnet)
-        rules = resources.security_rules(asg_id, self.azure.ssh_cidrs, lustre)
+        login = (login_asg_id, self.config.login_nodes.ssh_cidrs) if login_asg_id else None
+        rules = resources.security_rules(asg_id, self.azure.ssh_cidrs, lustre, login)
         found = get_or_none(api.get, self.azure.resource_group, name)
         if found is not None:
             self._owned(found.tags, f"network security group {name}")
@@ -493,7 +499,7 @@ class AzureProvider(CloudProvider):
             )
 
     def _join_source(self, node: NodeSpec, context: dict) -> dict | None:
-        if node.role != "compute":
+        if node.role == "head":
             return None  # the head is configured by Ansible
         return {
             "cloud": "azure",
@@ -523,7 +529,7 @@ class AzureProvider(CloudProvider):
                 subnet_id=self.subnet.id,
                 address=addresses[node.name],
                 nsg_id=context["nsg_id"],
-                asg_id=context["asg_id"],
+                asg_ids=context["asg_ids"][node.role],
                 node_tags=node_tags,
                 accelerated_networking=hardware["accelerated_networking"],
             )
@@ -700,6 +706,11 @@ class AzureProvider(CloudProvider):
             ("managed identity (nodes)", rg, identities, resources.identity_name(cluster)),
             ("Key Vault", rg, "Microsoft.KeyVault/vaults", self.vault_name),
         ]
+        if self.config.login_nodes is not None:
+            name = common.resource_name(cluster, LOGIN_GROUP)
+            planned.append(
+                ("application security group (login nodes)", rg, f"{network}/applicationSecurityGroups", name)
+            )
         if self.powered:
             planned.append(("managed identity (head)", rg, identities, power.head_identity_name(cluster)))
         accounts = {(s.account, "file shares") for s in storage.shares(self.config) if s.owned}

@@ -5,8 +5,9 @@ In two resource groups, all tagged clusterbake-cluster=<cluster>: the compute no
 identity may write there and nowhere else, security review finding 2) and azure.resource_group
 (the rest, the head's VM and NIC among it):
 - application security group and network security group `clusterbake-<cluster>`: every
-  node's NIC is in the ASG; the NSG (on every NIC) allows TCP 22 from each of
-  azure.ssh_cidrs, everything from the ASG to the ASG (the cluster), TCP 988 and 1019-1023
+  node's NIC is in the ASG (a login node's also in the ASG `clusterbake-<cluster>-login`); the
+  NSG (on every NIC) allows TCP 22 from each of azure.ssh_cidrs and to the login nodes from
+  each of login_nodes.ssh_cidrs, everything from the ASG to the ASG (the cluster), TCP 988 and 1019-1023
   from the subnet of each Managed Lustre file system the nodes mount (its servers open
   connections to their clients: Microsoft's "Configure a network security group for Azure
   Managed Lustre", outbound rule 108), and denies the rest of the virtual network (Azure's
@@ -37,6 +38,7 @@ from clusterbake.providers.azure import tags
 from clusterbake.providers.common import resource_name
 
 SSH_PRIORITY = 100  # 100, 101, ... one rule per CIDR
+LOGIN_SSH_PRIORITY = 500  # 500, 501, ... one rule per CIDR of login_nodes.ssh_cidrs
 CLUSTER_PRIORITY = 1000
 LUSTRE_PRIORITY = 2000  # 2000, 2001, ... one rule per Managed Lustre subnet
 LUSTRE_PORTS = ["988", "1019-1023"]
@@ -79,13 +81,13 @@ def vault_name(cluster: str, subscription_id: str, resource_group: str) -> str:
     return f"cb{cluster.replace('-', '')[:14]}{digest}"
 
 
-def security_rules(asg_id: str, ssh_cidrs: list[str], lustre_prefixes: Sequence[str] = ()) -> list[dict]:
-    """The NSG's rules; `lustre_prefixes`: the address ranges of the Managed Lustre file systems' subnets."""
-    rules = [
+def _ssh_rules(name: str, priority: int, cidrs: Sequence[str], asg_id: str, what: str) -> list[dict]:
+    """An inbound TCP 22 rule per CIDR to the ASG's NICs (`what`: the description's words, before .ssh_cidrs)."""
+    return [
         {
-            "name": f"ssh-{index}",
+            "name": f"{name}-{index}",
             "properties": {
-                "priority": SSH_PRIORITY + index,
+                "priority": priority + index,
                 "direction": "Inbound",
                 "access": "Allow",
                 "protocol": "Tcp",
@@ -93,11 +95,24 @@ def security_rules(asg_id: str, ssh_cidrs: list[str], lustre_prefixes: Sequence[
                 "sourcePortRange": "*",
                 "destinationApplicationSecurityGroups": [{"id": asg_id}],
                 "destinationPortRange": "22",
-                "description": "clusterbake: SSH from azure.ssh_cidrs",
+                "description": f"clusterbake: SSH {what}.ssh_cidrs",
             },
         }
-        for index, cidr in enumerate(ssh_cidrs)
+        for index, cidr in enumerate(cidrs)
     ]
+
+
+def security_rules(
+    asg_id: str,
+    ssh_cidrs: list[str],
+    lustre_prefixes: Sequence[str] = (),
+    login: tuple[str, Sequence[str]] | None = None,
+) -> list[dict]:
+    """The NSG's rules; `lustre_prefixes`: the address ranges of the Managed Lustre file systems' subnets;
+    `login`: the login nodes' ASG and the users' networks that reach SSH on them (login_nodes.ssh_cidrs)."""
+    login_asg, login_cidrs = login or ("", ())
+    rules = _ssh_rules("login-ssh", LOGIN_SSH_PRIORITY, login_cidrs, login_asg, "to the login nodes from login_nodes")
+    rules += _ssh_rules("ssh", SSH_PRIORITY, ssh_cidrs, asg_id, "from azure")
     rules.append(
         {
             "name": "cluster",
@@ -210,7 +225,7 @@ def nic_body(
     subnet_id: str,
     address: str,
     nsg_id: str,
-    asg_id: str,
+    asg_ids: list[str],
     node_tags: dict,
     accelerated_networking: bool = True,
 ) -> dict:
@@ -227,7 +242,7 @@ def nic_body(
                         "subnet": {"id": subnet_id},
                         "privateIPAllocationMethod": "Static",
                         "privateIPAddress": address,
-                        "applicationSecurityGroups": [{"id": asg_id}],
+                        "applicationSecurityGroups": [{"id": asg_id} for asg_id in asg_ids],
                     },
                 }
             ],

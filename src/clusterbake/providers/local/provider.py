@@ -20,9 +20,10 @@ import yaml
 from clusterbake.errors import ClusterbakeError, ConfigError, NodesDidNotBoot
 from clusterbake.images.store import find_local_image
 from clusterbake.inventory import build_inventory
-from clusterbake.nspawn import limits, machines, network, rootfs
+from clusterbake.nspawn import limits, machines, network, outbound, rootfs
 from clusterbake.plan import address_pool, assign_addresses
 from clusterbake.progress import say
+from clusterbake.providers import common
 from clusterbake.providers.base import BillingCheck, CostEstimate, NodeStatus, Provider
 from clusterbake.providers.local import node_disk, power_agent
 from clusterbake.providers.local.node_disk import write_host_keys  # noqa: F401 (tests build keys with it)
@@ -159,7 +160,8 @@ class LocalProvider(Provider):
         )
         write_file(self.config_path, yaml.safe_dump(self.config.model_dump(mode="json", exclude_unset=True)))
         limits.ensure(self.host_nodes(), say)
-        network.ensure_bridge(self.config.cluster_name, self.config.local.subnet)
+        bridge = network.ensure_bridge(self.config.cluster_name, self.config.local.subnet)
+        self._ensure_outbound(bridge)
         if self.powered_by_slurm:
             self.ensure_power_agent()
         running = machines.find_machines(self.machine_prefix)
@@ -184,6 +186,23 @@ class LocalProvider(Provider):
             self._end_starts()  # a rollback must not race nodes still being started
             raise
         self._booting = tuple(computes)
+
+    @property
+    def _default_via(self) -> str | None:
+        """The nodes' default route (local.outbound): the host's bridge address; None, no way out."""
+        return str(network.host_address(self.config.local.subnet).ip) if self.config.local.outbound else None
+
+    def _ensure_outbound(self, bridge: str) -> None:
+        """NAT through the host as local.outbound says, and the running nodes' default routes with it."""
+        cluster = self.config.cluster_name
+        if self.config.local.outbound:
+            if outbound.ensure(cluster, self.config.local.subnet, bridge):
+                table = outbound.table_name(cluster)
+                say(f"    outbound: the nodes reach beyond this machine through it (nftables {table})")
+        elif outbound.remove(cluster):
+            say("    outbound: off (the nodes reach this machine's bridge address only)")
+        for name in self.running_nodes():
+            network.set_default_route(network.netns_name(cluster, name), "host0", self._default_via)
 
     def _end_starts(self) -> list[BaseException]:
         """Wait for every background start to end; the failures, in start order."""
@@ -276,7 +295,8 @@ class LocalProvider(Provider):
             else:
                 say(f"    {nodes[machine]}: its join during the play failed ({_first_error(result)}); it joins after")
         if joined:
-            say(f"    {hostlist.collect_hostlist(joined)} joined during the play, but for {', '.join(held)}")
+            but = f", but for {', '.join(held)}" if held else ""
+            say(f"    {hostlist.collect_hostlist(joined)} joined during the play{but}")
 
     def finish_provision(self) -> None:
         """The compute nodes provision() started in the background are started (not yet booted:
@@ -346,7 +366,9 @@ class LocalProvider(Provider):
         if not image_root.is_dir():
             raise ClusterbakeError(f"image root {image_root} of node {name} is missing; run `make image`")
         address = self.addresses()[name]
-        netns = network.ensure_node_network(self.config.cluster_name, name, address, self.config.local.subnet)
+        netns = network.ensure_node_network(
+            self.config.cluster_name, name, address, self.config.local.subnet, default_via=self._default_via
+        )
         paths = self._paths(name)
         machines.mount_overlay(image_root, paths)
         if current is None:
@@ -400,10 +422,10 @@ class LocalProvider(Provider):
         node_disk.personalize(root, name, f"{self.config.cluster_name}/{name}", public_key, others)
 
     def _hand_over_join_bundle(self, name: str, root: Path) -> None:
-        """A compute node that boots with its group's bundle joins by itself (no Ansible run)."""
+        """A compute or login node that boots with its group's bundle joins by itself (no Ansible run)."""
         node = self.node(name)
         bundle = self.cluster.join_bundles / f"{node.nodegroup}.json"
-        if node.role != "compute" or not bundle.exists():
+        if node.role == "head" or not bundle.exists():
             return
         node_disk.write_private(root, JOIN_BUNDLE, bundle.read_bytes())
 
@@ -509,7 +531,7 @@ class LocalProvider(Provider):
             subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=True)
 
     def after_configure(self) -> list[str]:
-        """Running compute nodes get their group's join bundle where theirs differs: the bundle
+        """Running compute and login nodes get their group's join bundle where theirs differs: the bundle
         written into the node's disk from here, then applied in the node (nsenter, in parallel): no
         SSH and no Ansible. A node that boots later takes it from its disk. A node that joined
         during the play with this bundle (configuring) only has its held services started."""
@@ -524,7 +546,7 @@ class LocalProvider(Provider):
         for node in self.nodes:
             path = self.cluster.join_bundles / f"{node.nodegroup}.json"
             machine = self.machine_name(node.name)
-            if node.role != "compute" or node.name not in running or machine not in inits or not path.exists():
+            if node.role == "head" or node.name not in running or machine not in inits or not path.exists():
                 continue
             bundle = path.read_bytes()
             target = self._paths(node.name).root / JOIN_BUNDLE.lstrip("/")
@@ -673,6 +695,8 @@ class LocalProvider(Provider):
                 f"under {self.cluster.root}: run `cluster down` again, or end those processes (see the cgroups' "
                 "cgroup.procs)"
             )
+        if outbound.remove(self.config.cluster_name):
+            removed.append(f"nftables table {outbound.table_name(self.config.cluster_name)} (the nodes' way out)")
         if network.link_exists(network.bridge_name(self.config.cluster_name)):
             network.remove_bridge(self.config.cluster_name)
             removed.append(f"bridge {network.bridge_name(self.config.cluster_name)}")
@@ -724,9 +748,7 @@ class LocalProvider(Provider):
             "ansible_user": "root",
             "ansible_ssh_private_key_file": str(self.cluster.ssh_key),
             "ansible_ssh_common_args": " ".join(self._ssh_options()),
-            "munge_key_file": str(self.cluster.munge_key),
-            "slurm_accounting_local_password_file": str(self.cluster.db_password),
-            "node_join_controller_dir": str(self.cluster.join_bundles),
+            **common.controller_files(self.cluster),
             # Compute nodes join from their bundle: at boot, or pushed by after_configure.
             "node_join_self_join": True,
             "fabric_socket_ifname": "host0",
