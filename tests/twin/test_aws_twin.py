@@ -184,7 +184,8 @@ def test_terminated_instance_is_replaced_and_rejoins_without_ansible(twin):
     assert new["InstanceId"] != old["InstanceId"]
     # The replacement keeps the node's address: nothing on the head changes.
     assert new["PrivateIpAddress"] == old["PrivateIpAddress"]
-    twin.wait_idle({"cpu-2"})
+    # A boot and a join from scratch: minutes on a loaded 2-core host (four lanes of the suite at once).
+    twin.wait_idle({"cpu-2"}, timeout=360)
     fetch = twin.inside(new["InstanceId"], "journalctl -u clusterbake-node-fetch --no-pager")
     assert "joined from secret" in fetch.stdout
     assert sorted(twin.on("head", "srun -N2 hostname").stdout.split()) == ["cpu-1", "cpu-2"]

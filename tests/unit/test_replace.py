@@ -155,7 +155,7 @@ def booted(provider, monkeypatch):
     """LocalProvider._start with the host side (network, overlay mount, nspawn) recorded, not run:
     returns the (node, image root) pairs it mounted."""
     mounted = []
-    monkeypatch.setattr("clusterbake.nspawn.network.ensure_node_network", lambda *a: "netns")
+    monkeypatch.setattr("clusterbake.nspawn.network.ensure_node_network", lambda *a, **k: "netns")
     monkeypatch.setattr(
         "clusterbake.nspawn.machines.mount_overlay",
         lambda image_root, paths: (paths.upper.mkdir(parents=True, exist_ok=True), mounted.append(image_root)),

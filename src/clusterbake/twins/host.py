@@ -181,11 +181,13 @@ def node_image(config: ClusterConfig, state: StateDir, features: list[str]) -> P
 
 
 def image_config(base: ClusterConfig, features: list[str]) -> ClusterConfig:
-    """A twin's node image: the image settings of the user's config, with the twin's features."""
+    """A twin's node image: the image settings (and the training environment's extra packages) of the
+    user's config, with the twin's features."""
     return ClusterConfig.model_validate(
         {
             "cluster_name": "twin",
             "image": base.image.model_dump(),
+            "training": base.training.model_dump(),
             "node_groups": [{"name": "twin", "count": 0, "features": features}],
         }
     )
