@@ -25,6 +25,9 @@ DEBIAN_DEFAULT = 128
 def _config(tmp_path: Path, name: str, subnet: str, count: int, **local) -> Path:
     """tests/integration/cluster.yaml (its image) as another cluster, with `count` small compute nodes."""
     config = yaml.safe_load(CONFIG.read_text())
+    # Compute nodes at scale: no login node, and no directory (the shared cluster's server is not up here).
+    for section in ("login_nodes", "directory"):
+        config.pop(section, None)
     config["cluster_name"] = name
     config["local"] = {"subnet": subnet, **local}
     config["head"] = {"cpus": 1, "memory_mb": 1024}
