@@ -174,11 +174,16 @@ def serve(agent: Agent, socket_path: Path) -> None:
                 return
             self._answer(HTTPStatus.OK, {"results": agent.power(action, nodes)})
 
-    socket_path.unlink(missing_ok=True)  # one a killed agent left
-    server = UnixHTTPServer(str(socket_path), Handler)
+    # Bound and listening under another name, then renamed into place: the socket's path appears only
+    # once a connection is accepted (a client that saw it between bind and listen was refused).
+    ready = socket_path.with_name(socket_path.name + ".new")
+    for path in (socket_path, ready):
+        path.unlink(missing_ok=True)  # one a killed agent left
+    server = UnixHTTPServer(str(ready), Handler)
     # The head's SlurmUser connects (its uid is the image's, unknown here): the directory, seen only by
     # the head and the host, is the boundary; the token is the check.
-    os.chmod(socket_path, 0o666)
+    os.chmod(ready, 0o666)
+    ready.rename(socket_path)
     log(f"power agent on {socket_path}")
     server.serve_forever()
 
