@@ -234,7 +234,7 @@ class AwsProvider(CloudProvider):
             join_secrets.ensure_secret(
                 self.api("secretsmanager"), cluster, nodegroup, self.kms_key_arn, kms=self.api("kms")
             )
-        security_groups = {"compute": [group_id], "head": [group_id], "login": [group_id, login_group_id]}
+        security_groups = self._role_security_groups(group_id, login_group_id)
         templates = self._ensure_templates(ami_id, security_groups, profile, iam.head_role_name(cluster))
         # The head's role launches and terminates elastic nodes (its power program): from the
         # compute groups' templates only, passing the node role only.
@@ -433,7 +433,7 @@ class AwsProvider(CloudProvider):
                 "region": self.aws.region,
                 "availability_zone": self.zone,
                 "security_group": security_groups["head"][0],
-                **({"login_security_group": security_groups["login"][1]} if self.config.login_nodes else {}),
+                **({"login_security_group": security_groups["login"][1]} if len(security_groups["login"]) > 1 else {}),
                 "instance_profile": iam.node_role_name(self.config.cluster_name),
                 "launch_templates": {name: {"id": i, "version": v} for name, (i, v) in templates.items()},
                 "storage": endpoints,
@@ -557,14 +557,15 @@ class AwsProvider(CloudProvider):
         return True
 
     @staticmethod
-    def _recorded_security_groups(state: dict) -> dict[str, list[str]]:
-        """Each role's security groups, as state.json has them (the login nodes' with the cluster's)."""
-        cluster_group = state["security_group"]
-        return {
-            "head": [cluster_group],
-            "compute": [cluster_group],
-            "login": [cluster_group, *([state["login_security_group"]] if state.get("login_security_group") else [])],
-        }
+    def _role_security_groups(cluster_group: str, login_group: str | None) -> dict[str, list[str]]:
+        """Each role's security groups: the cluster's, and on the login nodes their own besides it."""
+        login = [cluster_group, *([login_group] if login_group else [])]
+        return {"head": [cluster_group], "compute": [cluster_group], "login": login}
+
+    @classmethod
+    def _recorded_security_groups(cls, state: dict) -> dict[str, list[str]]:
+        """Each role's security groups, as state.json has them."""
+        return cls._role_security_groups(state["security_group"], state.get("login_security_group"))
 
     @staticmethod
     def _recorded_templates(state: dict) -> dict[str, tuple[str, str]]:
