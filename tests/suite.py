@@ -67,6 +67,7 @@ LANES: dict[str, list[str]] = {
     "shared": [
         "tests/integration/test_local_cluster.py",
         "tests/integration/test_users.py",
+        "tests/integration/test_containers.py",
         "tests/integration/test_accounting.py",
         "tests/integration/test_training.py",
         "tests/integration/test_security.py",

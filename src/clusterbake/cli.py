@@ -420,6 +420,7 @@ def cmd_job_submit(args: argparse.Namespace) -> int:
         upload_dir=Path(args.upload) if args.upload else None,
         args=extra,
         gpus=args.gpus_per_node,
+        container=args.container,
     )
     print(f"submitted job {job_id} (output: {output})", flush=True)
     if not args.wait:
@@ -601,6 +602,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="GPUs asked per node (default: all of the partition's smallest node, as Slurm knows them; 0: none)",
+    )
+    submit.add_argument(
+        "--container",
+        metavar="IMAGE",
+        help="run the job's steps in this image: a directory from clusterbake-container import "
+        "(srun --container), or with Pyxis an image reference or .sqsh file (docs/containers.md)",
     )
     submit.add_argument("--wait", action="store_true", help="stream the output; exit with the job's status")
     submit.add_argument(

@@ -124,6 +124,10 @@ def cluster_findings(provider: Provider, slurm_states: dict[str, str], reasons: 
     return found
 
 
+# Role slurm's SlurmdSpoolDir (slurm_slurmd_spool_dir).
+SLURMD_CONF_CACHE = "/var/spool/slurmd/conf-cache"
+
+
 def probe_command(mount_points: list[str]) -> str:
     """A node's state as key=value lines (POSIX sh, as root)."""
     lines = [
@@ -137,6 +141,10 @@ def probe_command(mount_points: list[str]) -> str:
         '  echo "active_$unit=$(systemctl is-active $unit 2>/dev/null || true)"',
         "done",
         'if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then echo "munge_cred=ok"; else echo "munge_cred=fail"; fi',
+        # A configless slurmd reads oci.conf from its conf-cache only (role containers' keeper unit).
+        f"if [ -e /etc/slurm/oci.conf ] && [ -d {SLURMD_CONF_CACHE} ]; then",
+        f'  if [ -e {SLURMD_CONF_CACHE}/oci.conf ]; then echo "oci_conf=ok"; else echo "oci_conf=missing"; fi',
+        "fi",
     ]
     for point in mount_points:
         quoted = shlex.quote(point)
@@ -179,6 +187,15 @@ def node_findings(name: str, role: str, probe: dict[str, list[str]]) -> list[Fin
     if one("active_munge") == "active" and one("munge_cred") != "ok":
         found.append(
             Finding(FAIL, name, "munge runs but cannot decode its own credential", f"{ssh} journalctl -u munge -n 50")
+        )
+    if role == "compute" and one("oci_conf") == "missing":
+        found.append(
+            Finding(
+                FAIL,
+                name,
+                "slurmd's conf-cache has no oci.conf: Slurm runs --container steps outside any container",
+                f"{ssh} systemctl start clusterbake-oci-conf.service",
+            )
         )
     for entry in probe.get("mount", []):
         point, _, state = entry.rpartition(":")

@@ -51,6 +51,8 @@ _PLUGIN_MISSING = re.compile(
 # NCCL_NET named a network that no loaded plugin provides; NCCL stops (net.cc).
 _NET_NOT_FOUND = re.compile(r"NCCL WARN Error: network (?P<net>.*?) not found\.")
 _FABRIC = re.compile(r"clusterbake: .*\bfabric (?P<fabric>efa|ib|tcp)\b")
+# The image the job's steps ran in (torchrun-node's line; "none": on the node itself).
+_CONTAINER = re.compile(r"clusterbake: .*\bcontainer (?P<container>\S+)$", re.MULTILINE)
 _NCCL_VERSION = re.compile(r"NCCL version (?P<version>[\d.]+)")
 
 # What each fabric should carry collectives over.
@@ -65,6 +67,7 @@ class Transport:
     evidence: str
     gpudirect_rdma: bool = False
     fabric: str | None = None  # the node's fabric profile, from the job log
+    container: str | None = None  # the image the steps ran in, from the job log
     mismatch: bool = False
     advice: str = ""
     net_plugin: str = ""  # why NCCL runs without a net plugin, when its log says so
@@ -227,6 +230,8 @@ def detect_transport(log: str) -> Transport:
             f"this node's fabric is {fabric} but collectives went over {result.transport}{cause}: "
             f"check {check} and NCCL_DEBUG=INFO's NET/ lines before paying for another hour"
         )
+    container = _CONTAINER.search(log)
+    result.container = container["container"] if container and container["container"] != "none" else None
     return result
 
 
@@ -265,7 +270,9 @@ def format_report(summary: dict, transport: Transport) -> str:
         if summary["resumed_from"]:
             lines.append(f"resumed from step(s): {', '.join(map(str, summary['resumed_from']))}")
         lines.append(f"checkpoint: {summary['last_checkpoint'] or '-'}")
-    lines.append(f"transport: {transport.description}" + (f" [fabric {transport.fabric}]" if transport.fabric else ""))
+    found_in_log = (("fabric", transport.fabric), ("container", transport.container))
+    where = [f"{name} {value}" for name, value in found_in_log if value]
+    lines.append(f"transport: {transport.description}" + (f" [{'; '.join(where)}]" if where else ""))
     if transport.evidence:
         lines.append(f"  evidence: {transport.evidence[:200]}")
     if transport.advice:

@@ -161,8 +161,10 @@ def submit(
     upload_dir: Path | None = None,
     args: list[str] | None = None,
     gpus: int | None = None,
+    container: str | None = None,
 ) -> tuple[Head, str, str]:
-    """Submit a template; returns (head, job id, output file)."""
+    """Submit a template; returns (head, job id, output file). With `container`, the template runs
+    its steps in that image (scripts/jobs/container-args: an imported bundle, or Pyxis's image)."""
     script = resolve_template(template)
     run_as = job_user(config, user)
     part, part_nodes = partition_nodes(config, partition)
@@ -183,7 +185,9 @@ def submit(
     gpus = gpus_per_node(head, part) if gpus is None else gpus
     sbatch = [
         "sbatch", "--parsable", f"--job-name={name}", f"--partition={part}", f"--nodes={count}",
-        *([f"--gpus-per-node={gpus}"] if gpus else []), f"--output={output}", remote_script, *(args or []),
+        *([f"--gpus-per-node={gpus}"] if gpus else []),
+        *([f"--export=ALL,CLUSTERBAKE_CONTAINER={container}"] if container else []),
+        f"--output={output}", remote_script, *(args or []),
     ]  # fmt: skip
     if gpus:
         say(f"    {gpus} GPUs per node")

@@ -63,3 +63,11 @@ def test_ib_fabric_without_an_active_port_and_efa_without_a_device_fail():
 def test_the_probe_checks_each_mount_point_quoted():
     command = probe_command(["/home", "/data dir"])
     assert "findmnt -n /home " in command and "findmnt -n '/data dir' " in command
+
+
+def test_a_compute_node_whose_slurmd_lost_oci_conf_is_a_problem():
+    """Slurm 22.05 then runs --container steps on the node itself (roles/containers/README.md)."""
+    assert [f.status for f in _findings(HEALTHY_COMPUTE + "oci_conf=ok\n")] == [OK]
+    problems = [f for f in _findings(HEALTHY_COMPUTE + "oci_conf=missing\n") if f.status == FAIL]
+    assert [p.fix for p in problems] == ["clusterbake ssh cpu-1 -- systemctl start clusterbake-oci-conf.service"]
+    assert "/var/spool/slurmd/conf-cache/oci.conf" in probe_command([])

@@ -201,7 +201,7 @@ def test_build_settings_default_to_the_cluster_and_the_schema(tmp_path):
     assert variables["aws_base"] == DEFAULT_IMAGE_BASE["aws"] == "ubuntu-24.04"
     assert variables["aws_region"] == "us-east-1"
     groups = json.loads(variables["aws_ansible_groups"])
-    assert {"aws", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3", "train_data"} <= set(groups)
+    assert {"aws", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3", "pyxis", "train_data"} <= set(groups)
     settings = {
         "builder_instance_type": "p4d.24xlarge",
         "subnet_id": "subnet-0fedcba9876543210",

@@ -75,7 +75,8 @@ def test_defaults_come_from_the_schema_and_the_azure_section(tmp_path):
     assert variables["azure_gallery_name"] == ""
     groups = json.loads(variables["azure_ansible_groups"])
     assert groups[:2] == ["slurm_head", "slurm_compute"]
-    assert {"azure", "cuda", "nvswitch", "dcgm", "doca_ofed", "amlfs", "blobfuse2", "ib_fabric"} == set(groups[2:])
+    expected = {"azure", "cuda", "nvswitch", "dcgm", "doca_ofed", "amlfs", "blobfuse2", "pyxis", "ib_fabric"}
+    assert expected == set(groups[2:])
     assert (variables["validate_gpu"], variables["validate_ib"]) == ("true", "false")
     assert variables["image_name"] == "clusterbake-ubuntu-24.04-20261201-093015-abcdef0123"
     assert variables["azure_gallery_image_version"] == "2026.1201.93015"

@@ -53,9 +53,9 @@ def stubs(tmp_path):
     for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("torchrun-node", TRAINING)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    # The jobs directory: the stand-ins, and the real gpu-check (a node without GPUs here)
-    # and checkpoint-copy.
-    for real in ("gpu-check", "checkpoint-copy"):
+    # The jobs directory: the stand-ins, and the real gpu-check (a node without GPUs here),
+    # container-args (no container asked) and checkpoint-copy.
+    for real in ("gpu-check", "container-args", "checkpoint-copy"):
         (bin_dir / real).write_text((JOBS / real).read_text())
         (bin_dir / real).chmod(0o755)
     return tmp_path

@@ -23,9 +23,10 @@ DEFAULT_IMAGE_BASE = {"local": "debian-12", "aws": "ubuntu-24.04", "azure": "ubu
 # build is here. Empty (None) values fall back to the cluster's own cloud section.
 
 # Feature groups of the cloud GPU images, before the node groups' own features (the
-# builder joins all: each switches a role of ansible/image.yml on).
-AWS_IMAGE_FEATURES = ("aws", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3")
-AZURE_IMAGE_FEATURES = ("azure", "cuda", "nvswitch", "dcgm", "doca_ofed", "amlfs", "blobfuse2")
+# builder joins all: each switches a role of ansible/image.yml on). pyxis: Enroot and Pyxis
+# (srun --container-image, NGC images), as ParallelCluster's and azhpc-images' images have them.
+AWS_IMAGE_FEATURES = ("aws", "cuda", "nvswitch", "efa", "dcgm", "lustre", "s3", "pyxis")
+AZURE_IMAGE_FEATURES = ("azure", "cuda", "nvswitch", "dcgm", "doca_ofed", "amlfs", "blobfuse2", "pyxis")
 # Canonical's Gen2 marketplace images (publisher:offer:sku:version) per image base.
 AZURE_SOURCE_IMAGES = {
     "ubuntu-24.04": "Canonical:ubuntu-24_04-lts:server:latest",
