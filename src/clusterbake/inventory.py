@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from clusterbake.config import MONITORING_PORTS, ClusterConfig, extra_ca_files
 from clusterbake.plan import NodeSpec
+from clusterbake.topology import switches
 
 # Features of a node whose boot takes minutes (power.resume_timeout's longer default).
 ACCELERATED_FEATURES = frozenset({"gpu", "efa", "ib", "nvswitch"})
@@ -60,6 +61,9 @@ def cluster_vars(config: ClusterConfig) -> dict:
         "clusterbake_directory": config.directory.model_dump() if config.directory else {},
         # The configure half keeps the same CAs the image was baked with.
         "clusterbake_extra_ca_certificates": extra_ca_files(config),
+        # The network's switches (topology.conf): on the local provider from local.topology; the
+        # clouds' come from their APIs (providers' extra vars).
+        "clusterbake_topology": switches(config.local_topology_paths(), config.compute_node_names()),
         "slurm_proctrack_type": plugins["proctrack_type"],
         "slurm_task_plugin": plugins["task_plugin"],
         "slurm_jobacct_gather_type": plugins["jobacct_gather_type"],

@@ -33,6 +33,7 @@ class Moto:
     console_dir: Path  # <instance id>.log: that instance's console output (GetConsoleOutput)
     faults_file: Path  # $MOTO_FAULTS_FILE: faults injected per API action (moto_ext.FAULTS)
     quotas_file: Path  # $MOTO_QUOTAS_FILE: EC2 quotas' applied values (twins/aws/service_quotas.py)
+    topology_file: Path  # $MOTO_TOPOLOGY_FILE: where instances hang (twins/aws/topology.py)
 
     def console(self, instance_id: str, text: str) -> None:
         """What the instance's console shows (its boot program prints its host keys there)."""
@@ -192,6 +193,7 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
                 "MOTO_FAULTS_FILE": str(root / "faults.json"),
                 "MOTO_CONSOLE_DIR": str(root / "console"),
                 "MOTO_QUOTAS_FILE": str(root / "quotas.json"),
+                "MOTO_TOPOLOGY_FILE": str(root / "topology.json"),
                 **server_env,
             },
         )
@@ -205,7 +207,10 @@ def moto_server(root: Path, **server_env: str) -> Iterator[Moto]:
                     if server.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"moto server did not start: {log_path.read_text()}") from None
                     time.sleep(0.1)
-            yield Moto(url, capacity_file, env, root / "console", root / "faults.json", root / "quotas.json")
+            yield Moto(
+                url, capacity_file, env, root / "console", root / "faults.json", root / "quotas.json",
+                root / "topology.json",
+            )  # fmt: skip
         finally:
             stop_server(server)
 

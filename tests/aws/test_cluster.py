@@ -26,6 +26,7 @@ from clusterbake.errors import ConfigError
 from clusterbake.images.store import write_aws_record
 from clusterbake.providers.aws.provider import AwsProvider
 from clusterbake.state import StateDir
+from clusterbake.topology import leaf_of
 
 CLUSTER = "p5demo"
 
@@ -225,6 +226,11 @@ def test_inventory_lists_running_nodes_with_slurm_specs_from_the_instance_type(m
     assert variables["clusterbake_provider"] == "aws"
     assert variables["ansible_user"] == "ubuntu" and variables["ansible_become"] is True
     assert variables["slurm_proctrack_type"] == "proctrack/cgroup"
+    # topology.conf's switches from EC2's DescribeInstanceTopology (p5.48xlarge has a place there): every
+    # compute node under a leaf of EC2's network nodes, none unplaced.
+    topology = variables["clusterbake_topology"]
+    assert sorted(leaf_of(topology)) == ["gpu-1", "gpu-2"]
+    assert all(line["name"].startswith("nn-") for line in topology), topology
 
 
 def test_inventory_cluster_name_from_the_environment(moto, p5):

@@ -185,7 +185,29 @@ def test_inventory_reports_the_instances_placement_group(tmp_path):
             },
             {"SubnetIds": ["subnet-0123456789abcdef0"]},
         )
+        # The running compute instance's place (the EC2 API reference's response shape): topology.conf.
+        stub.add_response(
+            "describe_instance_topology",
+            {
+                "Instances": [
+                    {
+                        "InstanceId": "i-0000000000000000b",
+                        "InstanceType": "p5.48xlarge",
+                        "GroupName": "clusterbake-p5demo-gpu",
+                        "NetworkNodes": ["nn-1111111111EXAMPLE", "nn-2222222222EXAMPLE", "nn-3333333333EXAMPLE"],
+                        "AvailabilityZone": "us-east-1a",
+                        "ZoneId": "use1-az1",
+                    }
+                ]
+            },
+            {"InstanceIds": ["i-0000000000000000b"]},
+        )
         inv = provider.inventory()
+    assert inv["all"]["vars"]["clusterbake_topology"] == [
+        {"name": "nn-3333333333EXAMPLE", "nodes": "gpu-1"},
+        {"name": "nn-1111111111EXAMPLE", "switches": "nn-2222222222EXAMPLE"},
+        {"name": "nn-2222222222EXAMPLE", "switches": "nn-3333333333EXAMPLE"},
+    ]
     assert inv["all"]["vars"]["clusterbake_subnet_cidr"] == "10.0.0.0/24"
     hostvars = inv["_meta"]["hostvars"]
     assert hostvars["gpu-1"]["clusterbake_placement_group"] == "clusterbake-p5demo-gpu"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from localtest import CONFIG, cb
+from localtest import CONFIG, cb, on
 
 from clusterbake.config import load_config
 from clusterbake.nspawn import machines
@@ -82,8 +82,15 @@ def test_a_node_that_never_answers_keeps_its_journal_after_the_rollback(image, t
     assert not cluster_dir.exists()
 
 
+# A stand-in network (local.topology): four leaf switches of eight nodes dealt round-robin (a job
+# Slurm placed by node name alone would take cpu-[1-8], under all four), two under each spine.
+LEAVES = {f"leaf-{k}": [f"cpu-{i}" for i in range(k, 33, 4)] for k in range(1, 5)}
+LAYOUT = {f"cpu-[{','.join(n.split('-')[1] for n in nodes)}]": [f"spine-{(k + 1) // 2}", leaf]
+          for k, (leaf, nodes) in enumerate(LEAVES.items(), start=1)}  # fmt: skip
+
+
 def test_one_plus_32_from_debian_defaults_comes_up_and_goes_at_once(image, tmp_path, debian_limits):
-    path = _config(tmp_path, "many", "10.74.0.0/24", 32)
+    path = _config(tmp_path, "many", "10.74.0.0/24", 32, topology=LAYOUT)
     validate = cb("validate", config=path)
     assert "host limit: fs.inotify.max_user_instances is 128, 33 nodes need about 206" in validate.stdout
     assert "sysctl -w fs.inotify.max_user_instances=1024" in validate.stdout
@@ -108,6 +115,13 @@ def test_one_plus_32_from_debian_defaults_comes_up_and_goes_at_once(image, tmp_p
             ["cpu-3", "0"],
             ["cpu-4", "1"],
         ]
+        # Topology-aware placement: slurmctld has the tree (topology.conf from local.topology, which
+        # the configless commands fetch too), and a job that asks for one switch gets one leaf's nodes.
+        shown = on("head", "scontrol show topology", config=path).stdout
+        assert "SwitchName=root Level=2" in shown and "SwitchName=leaf-2 Level=0" in shown, shown
+        job = on("head", "runuser -u researcher -- srun --switches=1 -N 8 hostname", config=path, timeout=120)
+        hosts = sorted(job.stdout.split())
+        assert len(hosts) == 8 and any(sorted(members) == hosts for members in LEAVES.values()), hosts
     finally:
         down = cb("cluster", "down", config=path, timeout=300)
     assert "removed machine cb-many-cpu-32" in down.stdout + down.stderr

@@ -138,10 +138,12 @@ def test_the_heads_join_writes_the_slurm_config_and_a_restart_digest_for_slurmct
     slurms = [entry for entry in head["absent"] if not entry["path"].startswith(("/etc/sssd/", "/etc/ssh/"))]
     assert slurms == [
         {"path": "/etc/slurm/gres.conf"},
+        {"path": "/etc/slurm/topology.conf"},
         {"path": "/etc/default/slurmrestd"},
         {"path": "/var/spool/slurmctld/jwt_hs256.key"},
     ]
     assert head["directories"] == [{"path": "/var/spool/slurmctld", "owner": "slurm", "group": "slurm", "mode": "0700"}]
+    assert "TopologyPlugin" not in written["/etc/slurm/slurm.conf"]["text"]  # no topology known
     # A compute node gets none of it: its slurmd fetches the config from slurmctld.
     assert not {path for path in files(compute) if path.startswith("/etc/slurm/")}
     assert compute["directories"] == []
@@ -249,3 +251,22 @@ def test_with_a_directory_every_node_gets_sssd_with_the_bind_password_in_its_roo
         assert "sssd" in bundles[name]["services"]
         others = [f["text"] for path, f in written.items() if path != "/etc/sssd/sssd.conf"]
         assert not any("s3cret-bind-pw" in text for text in others), name
+
+
+def test_a_known_topology_gives_the_head_topology_conf_and_the_tree_plugin(tmp_path):
+    """The switches the inventory gives (clusterbake.topology) as topology.conf lines (topology.conf(5):
+    SwitchName with Nodes or Switches), and TopologyPlugin=topology/tree in slurm.conf."""
+    topology = [
+        {"name": "leaf-1", "nodes": "cpu-1"},
+        {"name": "unplaced", "nodes": "gpu-[1-2]"},
+        {"name": "root", "switches": "leaf-1,unplaced"},
+    ]
+    result = play(tmp_path, HOSTS, GROUPS, {**VARIABLES, "clusterbake_topology": topology})
+    written = files(result["bundles"]["head"])
+    lines = written["/etc/slurm/topology.conf"]["text"].splitlines()
+    assert [line for line in lines if not line.startswith("#")] == [
+        "SwitchName=leaf-1 Nodes=cpu-1",
+        "SwitchName=unplaced Nodes=gpu-[1-2]",
+        "SwitchName=root Switches=leaf-1,unplaced",
+    ]
+    assert "\nTopologyPlugin=topology/tree\n" in written["/etc/slurm/slurm.conf"]["text"]

@@ -12,6 +12,7 @@ from glob import glob
 from pathlib import Path
 from typing import Literal
 
+import hostlist
 import yaml
 from pydantic import (
     Field,
@@ -115,6 +116,7 @@ from clusterbake.config.storage import (  # noqa: F401
     zone_as_text,
 )
 from clusterbake.errors import ConfigError
+from clusterbake.topology import TopologyError, check_paths
 
 
 class ClusterConfig(Strict):
@@ -234,6 +236,7 @@ class ClusterConfig(Strict):
                     "group with a capacity_reservation_id has no fallback types; give instance_type only"
                 )
         self._check_storage()
+        self._check_local_topology()
         copy_to = self.checkpoints.copy_to or ""
         if copy_to.startswith("s3://") and self.provider != "aws":
             raise ValueError(
@@ -251,6 +254,41 @@ class ClusterConfig(Strict):
                 f"from here), not {self.image.base}; remove image.base"
             )
         return self
+
+    def compute_node_names(self) -> list[str]:
+        """Every compute node's name (static, then elastic, group by group), as the plan names them."""
+        return [f"{g.name}-{i}" for g in self.node_groups for i in range(1, g.max_nodes + 1)]
+
+    def local_topology_paths(self) -> dict[str, list[str]]:
+        """local.topology by node: each compute node's switches from the top (hostlists expanded)."""
+        return {
+            node: list(path) for nodes, path in self.local.topology.items() for node in hostlist.expand_hostlist(nodes)
+        }
+
+    def _check_local_topology(self) -> None:
+        if not self.local.topology:
+            return
+        if self.provider != "local":
+            raise ValueError(
+                f"local.topology: the local provider's stand-in network; {self.provider} nodes' topology comes "
+                "from the cloud (remove it)"
+            )
+        known, seen = set(self.compute_node_names()), set()
+        for nodes in self.local.topology:
+            try:
+                names = hostlist.expand_hostlist(nodes)
+            except hostlist.BadHostlist as error:
+                raise ValueError(f"local.topology: {nodes!r} is not a hostlist ({error})") from None
+            for name in names:
+                if name not in known:
+                    raise ValueError(f"local.topology: {name} (of {nodes!r}) is not a compute node of node_groups")
+                if name in seen:
+                    raise ValueError(f"local.topology: {name} is placed twice")
+                seen.add(name)
+        try:
+            check_paths(self.local_topology_paths(), "local.topology")
+        except TopologyError as error:
+            raise ValueError(str(error)) from None
 
     def _check_aws(self) -> None:
         if self.aws is None:

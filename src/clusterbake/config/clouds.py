@@ -23,6 +23,12 @@ class LocalConfig(Strict):
         "(nftables, IPv4 forwarding on while such a cluster exists). Off: no route off the bridge.",
     )
     state_dir: str = Field("/var/lib/clusterbake", description="Images, caches and cluster state.")
+    topology: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="For testing topology-aware scheduling: where compute nodes hang in a network that is not "
+        "there, as EC2's DescribeInstanceTopology says it: node names (a hostlist, e.g. cpu-[1-8]) to their "
+        "switches from the top down, e.g. {'cpu-[1-8]': [spine-1, leaf-1]} (topology.conf, topology/tree).",
+    )
     boot_timeout: int = Field(
         60,
         ge=5,

@@ -80,3 +80,17 @@ INSTANCE_FIELDS = RecordFields(
 def machines_of(instances: dict[str, dict]) -> dict[str, Machine]:
     """Instances by node name as the cloud providers' machine records."""
     return INSTANCE_FIELDS.machines(instances)
+
+
+TOPOLOGY_BATCH = 100  # DescribeInstanceTopology's most InstanceIds per call
+
+
+def network_paths(client, named: dict[str, dict], nodes: list[str]) -> dict[str, list[str]]:
+    """Where each running node of `nodes` hangs (DescribeInstanceTopology's NetworkNodes, top first). EC2
+    answers for the instance types it documents (p4d, p5, trn1, hpc7a ...) and leaves others out."""
+    ids = {named[n]["InstanceId"]: n for n in nodes if n in named and named[n]["State"]["Name"] == "running"}
+    batches = [list(ids)[start : start + TOPOLOGY_BATCH] for start in range(0, len(ids), TOPOLOGY_BATCH)]
+    found = [
+        i for batch in batches for i in paginate(client, "describe_instance_topology", "Instances", InstanceIds=batch)
+    ]
+    return {ids[i["InstanceId"]]: list(i["NetworkNodes"]) for i in found if i["InstanceId"] in ids}

@@ -47,6 +47,7 @@ from clusterbake.providers.base import BillingCheck, CostEstimate, Price
 from clusterbake.providers.cloud import CloudProvider, Machine, Publish
 from clusterbake.providers.userdata import NAME_PLACEHOLDER, user_data, user_data_template
 from clusterbake.state import StateDir
+from clusterbake.topology import TopologyError, switches
 
 # `cluster down`: terminate, then look again (a node the head launched meanwhile), this many times.
 DESTROY_ROUNDS = 3
@@ -671,6 +672,14 @@ class AwsProvider(CloudProvider):
             return aws_inventory(self.config, [], infos, extra)
         named = discover.by_name(instances, warn=False)
         addresses = self.addresses(discover.machines_of(named))
+        # topology.conf from where EC2 says the compute nodes hang; those it has no answer for (other types,
+        # not running) under `unplaced` (clusterbake.topology).
+        compute = self.config.compute_node_names()
+        if paths := discover.network_paths(self.client, named, compute):
+            try:
+                extra["clusterbake_topology"] = switches(paths, compute)
+            except TopologyError as error:  # not a tree: Slurm would refuse it; place jobs without it
+                say(f"    warning: EC2's instance topology makes no tree ({error}): no topology.conf")
         if any(g.elastic for g in self.config.node_groups) or self.config.recovery.replace_lost_nodes:
             extra |= {"slurm_power_provider": "aws", "slurm_power_aws": self._power_vars(addresses, infos)}
         planned = {n.name: self._planned_host_vars(n) for n in self.nodes if n.name not in named}

@@ -47,6 +47,8 @@ class Ec2TwinControl(TwinControl):
             "MOTO_FAULTS_FILE": str(directory / "faults.json"),
             # EC2's vCPU quotas: the twin account's applied values unless this file sets others.
             "MOTO_QUOTAS_FILE": str(directory / "quotas.json"),
+            # Where instances hang (DescribeInstanceTopology): the twin's default layout unless this file sets one.
+            "MOTO_TOPOLOGY_FILE": str(directory / "topology.json"),
         }
 
     def environment(self, state: StateDir, info: dict) -> dict[str, str]:

@@ -140,7 +140,16 @@ from moto.iam.exceptions import InvalidInput
 from moto.iam.responses import IamResponse
 from moto.secretsmanager.responses import SecretsManagerResponse
 
-from clusterbake.twins.aws import ebs_keys, fsx, iam_spread, reservations, secret_store, service_quotas, subnets
+from clusterbake.twins.aws import (
+    ebs_keys,
+    fsx,
+    iam_spread,
+    reservations,
+    secret_store,
+    service_quotas,
+    subnets,
+    topology,
+)
 from clusterbake.twins.aws.filters import matches
 
 _PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict]] = {}
@@ -875,6 +884,7 @@ def install() -> None:
             **reservations.ACTIONS,
             **iam_spread.ACTIONS,
             **ebs_keys.ACTIONS,
+            **topology.ACTIONS,
         },
         SecretsManagerResponse: {
             "_determine_resource": _secret_resource,
