@@ -17,12 +17,10 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
-from clusterbake.config import ClusterConfig, NodeGroup, NodeSize
+from clusterbake.config import LOGIN_GROUP, ClusterConfig, NodeGroup, NodeSize
 from clusterbake.errors import ConfigError
 
 HEAD_NAME = "head"
-# Login nodes are login-1, login-2, ...: their role and their group (one join bundle for all).
-LOGIN_GROUP = "login"
 # Feature groups a login node takes from the node groups: what users run there before a job does
 # (the training environment), never a device's (GPU, fabric) or a storage feature's own mounts.
 LOGIN_FEATURES = ("train",)
@@ -136,10 +134,8 @@ def plan_nodes(config: ClusterConfig, shapes: Mapping[str, InstanceShape] | None
         wanted = {f for g in config.node_groups for f in g.features}
         features = tuple(f for f in LOGIN_FEATURES if f in wanted)
         spec = _service_node_spec(config.login_nodes, shapes)
-        nodes += [
-            NodeSpec(f"{LOGIN_GROUP}-{i}", "login", LOGIN_GROUP, spec, features)
-            for i in range(1, config.login_nodes.count + 1)
-        ]
+        # One group and one join bundle for all of them.
+        nodes += [NodeSpec(name, "login", LOGIN_GROUP, spec, features) for name in config.login_nodes.node_names()]
     cloud_image = getattr(config.image, config.provider, None) if config.provider != "local" else None
     image_features = tuple(cloud_image.features) if cloud_image is not None else ()
     for group in config.node_groups:
@@ -148,8 +144,8 @@ def plan_nodes(config: ClusterConfig, shapes: Mapping[str, InstanceShape] | None
         else:
             spec, switches = _local_group_spec(group)
         nodes += [
-            NodeSpec(f"{group.name}-{i}", "compute", group.name, spec, tuple(switches), i > group.static_count)
-            for i in range(1, group.max_nodes + 1)
+            NodeSpec(name, "compute", group.name, spec, tuple(switches), i > group.static_count)
+            for i, name in enumerate(group.node_names(), start=1)
         ]
     return nodes
 

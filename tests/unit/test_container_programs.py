@@ -48,7 +48,7 @@ def test_a_step_runs_as_its_user_with_the_node_network_and_mounts(runtime, tmp_p
     (image / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/img/bin", "HOME=/root", "TERM=x"]}}))
     workdir = tmp_path / "shared" / "run"
     job_env = ["PATH=/usr/bin", f"HOME={tmp_path}", f"PWD={workdir}"]
-    config = runtime.hpc_config(step_config(image / "rootfs", job_env), str(tmp_path / "bundle"))
+    config = runtime.hpc_config(step_config(image / "rootfs", job_env))
     uid, gid = os.getuid(), os.getgid()
     assert [ns["type"] for ns in config["linux"]["namespaces"]] == ["pid", "user", "mount"]
     assert config["linux"]["uidMappings"] == [{"containerID": uid, "hostID": uid, "size": 1}]
@@ -71,7 +71,7 @@ def test_a_step_runs_as_its_user_with_the_node_network_and_mounts(runtime, tmp_p
 
 def test_a_bundle_without_its_image_says_how_to_import_one(runtime, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        runtime.hpc_config(step_config(tmp_path / "gone" / "rootfs"), str(tmp_path / "bundle"))
+        runtime.hpc_config(step_config(tmp_path / "gone" / "rootfs"))
     assert exit_info.value.code == 2
     assert "clusterbake-container import FILE DIR" in capsys.readouterr().err
 

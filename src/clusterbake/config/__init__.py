@@ -81,6 +81,7 @@ from clusterbake.config.nodes import (  # noqa: F401
     AZURE_VM_SIZE_PATTERN,
     INSTANCE_TYPE_PATTERN,
     LOCAL_SIZING_KEYS,
+    LOGIN_GROUP,
     MAX_GROUP_NODES,
     MAX_PLACEHOLDER_GPUS,
     PROVIDER_ONLY_KEYS,
@@ -255,9 +256,15 @@ class ClusterConfig(Strict):
             )
         return self
 
+    def node_size(self, role: str, nodegroup: str) -> NodeSize:
+        """What sizes a planned node (role head, login or compute): the head's, the login nodes' or its group's."""
+        if role == "compute":
+            return next(g for g in self.node_groups if g.name == nodegroup)
+        return self.login_nodes if role == "login" and self.login_nodes is not None else self.head
+
     def compute_node_names(self) -> list[str]:
         """Every compute node's name (static, then elastic, group by group), as the plan names them."""
-        return [f"{g.name}-{i}" for g in self.node_groups for i in range(1, g.max_nodes + 1)]
+        return [name for group in self.node_groups for name in group.node_names()]
 
     def local_topology_paths(self) -> dict[str, list[str]]:
         """local.topology by node: each compute node's switches from the top (hostlists expanded)."""

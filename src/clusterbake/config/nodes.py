@@ -53,8 +53,9 @@ class HeadConfig(NodeSize):
     pass
 
 
-# Login nodes a cluster may have (login-1 .. login-16).
+# Login nodes a cluster may have (login-1 .. login-16), and their names' stem (their group's name).
 MAX_LOGIN_NODES = 16
+LOGIN_GROUP = "login"
 
 
 class LoginNodes(NodeSize):
@@ -72,6 +73,10 @@ class LoginNodes(NodeSize):
     @classmethod
     def _cidrs(cls, values: list[str]) -> list[str]:
         return check_cidrs(values)
+
+    def node_names(self) -> list[str]:
+        """login-1, login-2, ..."""
+        return [f"{LOGIN_GROUP}-{i}" for i in range(1, self.count + 1)]
 
 
 class NodeGroup(NodeSize):
@@ -197,6 +202,10 @@ class NodeGroup(NodeSize):
     @property
     def elastic(self) -> bool:
         return self.max_nodes > self.static_count
+
+    def node_names(self) -> list[str]:
+        """<name>-1 .. <name>-<max_nodes>: the static nodes, then the elastic ones."""
+        return [f"{self.name}-{i}" for i in range(1, self.max_nodes + 1)]
 
     @model_validator(mode="after")
     def _count_or_range(self) -> NodeGroup:

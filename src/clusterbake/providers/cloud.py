@@ -170,10 +170,7 @@ class CloudProvider(Provider):
         return next((g for g in self.config.node_groups if g.name == name), None)
 
     def _instance_type(self, node: NodeSpec) -> str:
-        group = self._group(node.nodegroup)
-        if group is not None:
-            return group.instance_type
-        return self.config.login_nodes.instance_type if node.role == "login" else self.config.head.instance_type
+        return self.config.node_size(node.role, node.nodegroup).instance_type
 
     def addresses(self, machines: dict[str, Machine] | None = None, in_use: set[str] | None = None) -> dict[str, str]:
         """Every planned node's private address (head, static and elastic nodes), kept for good.

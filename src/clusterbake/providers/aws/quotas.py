@@ -23,7 +23,6 @@ from botocore.exceptions import ClientError
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
-from clusterbake.plan import LOGIN_GROUP
 from clusterbake.providers.aws.api import call, error_code, paginate
 from clusterbake.providers.aws.catalogue import InstanceTypeInfo
 
@@ -107,14 +106,14 @@ def plan_needs(
     unchecked: list[str] = []
     sections = [("head.instance_type", config.head.instance_type, ["head"], False)]
     if config.login_nodes is not None:
-        names = [f"{LOGIN_GROUP}-{n}" for n in range(1, config.login_nodes.count + 1)]
+        names = config.login_nodes.node_names()
         sections.append(("login_nodes.instance_type", config.login_nodes.instance_type, names, False))
     for index, group in enumerate(config.node_groups):
         field = f"node_groups.{index}.instance_type"
         if group.name in blocks:
             unchecked.append(f"{field}: a Capacity Block's instances (not counted against a vCPU quota here)")
             continue
-        names = [f"{group.name}-{n}" for n in range(1, group.max_nodes + 1)]
+        names = group.node_names()
         sections.append((field, group.instance_type, names, group.spot))
     for field, instance_type, names, spot in sections:
         missing = [name for name in names if name not in running]

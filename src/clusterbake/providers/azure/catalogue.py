@@ -139,10 +139,7 @@ def azure_plan(config: ClusterConfig, shapes: dict[str, SkuInfo]) -> list[NodeSp
     groups = {g.name: g for g in config.node_groups}
     nodes = []
     for node in plan_nodes(config, shapes=shapes):
-        sizes = {"head": config.head.instance_type}
-        if config.login_nodes is not None:
-            sizes["login"] = config.login_nodes.instance_type
-        size = groups[node.nodegroup].instance_type if node.role == "compute" else sizes[node.role]
+        size = config.node_size(node.role, node.nodegroup).instance_type
         info = shapes.get(size)
         if info is None:
             nodes.append(node)

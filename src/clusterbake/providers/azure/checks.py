@@ -152,7 +152,7 @@ def check_quota(config: ClusterConfig, compute, infos: dict[str, SkuInfo], exist
     if "head" in existing:
         sections[0] = (*sections[0][:3], 0, False)
     if config.login_nodes is not None:
-        count = sum(1 for n in range(1, config.login_nodes.count + 1) if f"{LOGIN_GROUP}-{n}" not in existing)
+        count = sum(1 for name in config.login_nodes.node_names() if name not in existing)
         sections.append((LOGIN_GROUP, "login_nodes.instance_type", config.login_nodes.instance_type, count, False))
     for index, group in enumerate(config.node_groups):
         missing = sum(1 for n in range(1, group.static_count + 1) if f"{group.name}-{n}" not in existing)
