@@ -78,6 +78,7 @@ LANES: dict[str, list[str]] = {
         "tests/integration/test_gpu.py",
         "tests/integration/test_monitoring.py",
         "tests/integration/test_bad_input.py",
+        "tests/integration/test_controller_ha.py",
     ],
     "aws-twin": [
         "tests/twin/test_aws_twin.py",

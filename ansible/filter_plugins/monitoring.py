@@ -14,8 +14,14 @@ ELASTIC = "clusterbake_elastic"
 
 def monitoring_exporter_jobs(hostvars, groups, ports, node_exporter=True, dcgm_exporter=True, targets_dir=""):
     """Each node exporter's scrape job: [{job, port, static: [nodes], elastic: [nodes], file}], nodes in the
-    inventory's order (head, login nodes, then the node groups), `file` the elastic nodes' file_sd (None without any)."""
-    nodes = [*groups.get("slurm_head", []), *groups.get("slurm_login", []), *groups.get("slurm_compute", [])]
+    inventory's order (heads, login nodes, then the node groups), `file` the elastic nodes' file_sd (None
+    without any)."""
+    nodes = [
+        *groups.get("slurm_head", []),
+        *groups.get("slurm_backup_head", []),
+        *groups.get("slurm_login", []),
+        *groups.get("slurm_compute", []),
+    ]
     gpu = set(groups.get("dcgm", [])) - set(groups.get("placeholder_gpus", []))
     wanted = []
     if node_exporter:

@@ -147,7 +147,7 @@ def publish(config: ClusterConfig) -> list[str]:
 
 
 def slurm_node_states(provider: Provider) -> dict[str, str]:
-    return _sinfo_states(provider.endpoint("head"))
+    return _sinfo_states(provider.controller_endpoint())
 
 
 def _sinfo_states(head: Endpoint) -> dict[str, str]:
@@ -165,7 +165,7 @@ def wait_idle(provider: Provider, timeout: float = IDLE_TIMEOUT) -> dict[str, st
     planned = {n.name for n in provider.nodes if n.role == "compute"}
     deadline = time.monotonic() + timeout
     states: dict[str, str] = {}
-    head = provider.endpoint("head")  # one lookup (an API call on clouds), one connection for every poll
+    head = provider.controller_endpoint()  # one lookup (an API call on clouds), one connection for every poll
     while time.monotonic() < deadline:
         states = _sinfo_states(head)
         if planned <= set(states) and all(states[n] in ("idle", "mix", "alloc") for n in static):

@@ -241,7 +241,7 @@ def probe_nodes(provider: Provider, mount_points: list[str]) -> list[Finding]:
 def slurm_view(provider: Provider) -> tuple[dict[str, str], dict[str, str], Finding | None]:
     """(state, reason) of each node as slurmctld sees it, or a finding when it cannot be asked."""
     try:
-        result = remote.run(provider.endpoint("head"), ["sinfo", "-h", "-N", "-o", "%N|%t|%E"], timeout=30)
+        result = remote.run(provider.controller_endpoint(), ["sinfo", "-h", "-N", "-o", "%N|%t|%E"], timeout=30)
     except Exception as exc:  # an unreachable head or a dead slurmctld: a finding, not a crash
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         fix = "clusterbake ssh head -- systemctl status slurmctld"

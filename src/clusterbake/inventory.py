@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from clusterbake.config import MONITORING_PORTS, ClusterConfig, extra_ca_files
+from clusterbake.config import HEAD_NAME, MONITORING_PORTS, ClusterConfig, extra_ca_files
 from clusterbake.plan import NodeSpec
 from clusterbake.topology import switches
+
+# With a backup controller (head.count 2): where both heads mount the storage they share (the local
+# provider: a host directory), and slurmctld's StateSaveLocation and the power program's state in it.
+CONTROLLER_SHARED_DIR = "/srv/clusterbake/controller"
+# The inventory group of the heads after the first (backup controllers); `slurm_head` is the primary alone,
+# which runs what a cluster has once (slurmdbd, Prometheus, the NFS exports, the ops playbooks' plays).
+BACKUP_HEAD_GROUP = "slurm_backup_head"
 
 # Features of a node whose boot takes minutes (power.resume_timeout's longer default).
 ACCELERATED_FEATURES = frozenset({"gpu", "efa", "ib", "nvswitch"})
@@ -68,6 +75,18 @@ def cluster_vars(config: ClusterConfig) -> dict:
         "slurm_task_plugin": plugins["task_plugin"],
         "slurm_jobacct_gather_type": plugins["jobacct_gather_type"],
         "slurm_cgroup_enabled": plugins["proctrack_type"] == "proctrack/cgroup",
+        "slurm_slurmctld_timeout": config.head.controller_timeout,
+        **controller_ha_vars(config),
+    }
+
+
+def controller_ha_vars(config: ClusterConfig) -> dict:
+    """A backup controller's settings: the state both heads share lives on storage both mount."""
+    if config.head.count == 1:
+        return {}
+    return {
+        "slurm_state_save_location": f"{CONTROLLER_SHARED_DIR}/slurmctld",
+        "slurm_power_state_file": f"{CONTROLLER_SHARED_DIR}/power/state.json",
     }
 
 
@@ -97,12 +116,13 @@ def build_inventory(
 ) -> dict:
     """`ansible-inventory --list` JSON for the given nodes (only those with an address)."""
     present = [n for n in nodes if n.name in addresses]
-    groups: dict[str, list[str]] = {"slurm_head": [], "slurm_login": [], "slurm_compute": []}
+    groups: dict[str, list[str]] = {"slurm_head": [], BACKUP_HEAD_GROUP: [], "slurm_login": [], "slurm_compute": []}
     for group in config.node_groups:
         groups[f"nodegroup_{group_name(group.name)}"] = []
     hostvars: dict[str, dict] = {}
     for node in present:
-        groups[f"slurm_{node.role}"].append(node.name)
+        backup = node.role == "head" and node.name != HEAD_NAME
+        groups[BACKUP_HEAD_GROUP if backup else f"slurm_{node.role}"].append(node.name)
         if node.role == "compute":
             groups[f"nodegroup_{group_name(node.nodegroup)}"].append(node.name)
         for feature in node.features:

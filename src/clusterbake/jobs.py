@@ -67,7 +67,7 @@ class Head:
     @property
     def endpoint(self) -> Endpoint:
         if self._endpoint is None:  # found once: on clouds the lookup is an API call
-            self._endpoint = self.provider.endpoint("head")
+            self._endpoint = self.provider.controller_endpoint()
         return self._endpoint
 
     def run(self, command: str, stdin: bytes | None = None, check: bool = True) -> remote.Result:

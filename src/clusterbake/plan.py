@@ -17,10 +17,9 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
-from clusterbake.config import LOGIN_GROUP, ClusterConfig, NodeGroup, NodeSize
+from clusterbake.config import HEAD_NAME, LOGIN_GROUP, ClusterConfig, NodeGroup, NodeSize
 from clusterbake.errors import ConfigError
 
-HEAD_NAME = "head"
 # Feature groups a login node takes from the node groups: what users run there before a job does
 # (the training environment), never a device's (GPU, fabric) or a storage feature's own mounts.
 LOGIN_FEATURES = ("train",)
@@ -126,10 +125,12 @@ def _service_node_spec(size: NodeSize, shapes: Mapping[str, InstanceShape] | Non
 
 
 def plan_nodes(config: ClusterConfig, shapes: Mapping[str, InstanceShape] | None = None) -> list[NodeSpec]:
-    """The head first, then the login nodes `login-<n>`, then each node group's nodes `<group>-<n>`
-    (n from 1): its static nodes, then its elastic ones up to max_count. With `shapes` (instance
-    type -> shape, clouds) the Slurm specs come from the instance types, else from the config's sizing."""
-    nodes = [NodeSpec(HEAD_NAME, "head", "head", _service_node_spec(config.head, shapes))]
+    """The heads first (head, and head-2 with a backup controller), then the login nodes `login-<n>`, then
+    each node group's nodes `<group>-<n>` (n from 1): its static nodes, then its elastic ones up to
+    max_count. With `shapes` (instance type -> shape, clouds) the Slurm specs come from the instance
+    types, else from the config's sizing."""
+    head_spec = _service_node_spec(config.head, shapes)
+    nodes = [NodeSpec(name, "head", HEAD_NAME, head_spec) for name in config.head.node_names()]
     if config.login_nodes is not None:
         wanted = {f for g in config.node_groups for f in g.features}
         features = tuple(f for f in LOGIN_FEATURES if f in wanted)

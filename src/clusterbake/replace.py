@@ -38,7 +38,7 @@ def slurm_view(provider: Provider, names: list[str]) -> dict[str, SlurmNode]:
         '"$(squeue -h -w "$n" -o %A 2>/dev/null | paste -sd, -)" '
         '"$(scontrol show node -o "$n" 2>/dev/null | grep -o "SlurmdStartTime=[^ ]*" | cut -d= -f2)"; done'
     )
-    text = remote.run(provider.endpoint("head"), command, timeout=60).text()
+    text = remote.run(provider.controller_endpoint(), command, timeout=60).text()
     view = {}
     for line in text.splitlines():
         name, state, jobs, started = [*line.split("|"), "", "", ""][:4]

@@ -35,7 +35,7 @@ def issue(config: ClusterConfig, provider: Provider, user: str, lifespan: int) -
         raise ConfigError(f"token: {user!r} is not a user name")
     if not 60 <= lifespan <= MAX_LIFESPAN:
         raise ConfigError(f"token --lifespan: {lifespan} s; give 60 to {MAX_LIFESPAN}")
-    head = provider.endpoint("head")
+    head = provider.controller_endpoint()
     known = remote.run(head, ["id", "-u", "--", user], check=False, timeout=60)
     if known.returncode != 0:
         raise ConfigError(f"token: the head knows no user {user!r} (users: in the config, or the directory's)")

@@ -435,6 +435,7 @@ def test_reconcile_returns_a_node_a_failed_resume_left_down(program, tmp_path, m
     reason = f"{program.core.RESUME_FAILED}: no capacity (p4d.24xlarge: InsufficientInstanceCapacity)"
     monkeypatch.setattr(program.commands, "backend", lambda config: backend)
     monkeypatch.setattr(program.core, "scontrol", lambda *args: calls.append(args) or "")
+    monkeypatch.setattr(program.core, "in_control", lambda: True)
     monkeypatch.setattr(
         program.commands,
         "node_states",

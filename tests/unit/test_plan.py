@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_slurm_conf import GOLDEN, LOCAL_PLUGINS, render
+from test_slurm_conf import GOLDEN, LOCAL_PLUGINS, render, render_string
 
 from clusterbake.config import ClusterConfig
 from clusterbake.errors import ConfigError
@@ -180,3 +180,76 @@ def test_resume_timeout_defaults_to_30_minutes_for_gpu_and_fabric_nodes(features
     addresses = assign_addresses([n.name for n in nodes], POOL, {}, "local.subnet")
     inventory = build_inventory(cfg, nodes, addresses, extra_vars={"clusterbake_extra_ca_certificates": []})
     assert inventory["all"]["vars"]["clusterbake_power"]["resume_timeout"] == expected
+
+
+def planned_inventory(settings: dict) -> dict:
+    """The inventory of a config as every provider builds it, in render()'s shape."""
+    cfg = ClusterConfig.model_validate(settings)
+    nodes = plan_nodes(cfg)
+    addresses = assign_addresses([n.name for n in nodes], POOL, {}, "local.subnet")
+    inventory = build_inventory(
+        cfg, nodes, addresses, extra_vars={**LOCAL_PLUGINS, "clusterbake_extra_ca_certificates": []}
+    )
+    return {
+        "groups": {name: data["hosts"] for name, data in inventory.items() if name not in ("_meta", "all")},
+        "hostvars": inventory["_meta"]["hostvars"],
+        "vars": inventory["all"]["vars"],
+    }
+
+
+HA = {"cluster_name": "ha", "head": {"count": 2}, "node_groups": [{"name": "cpu", "count": 2}]}
+
+
+def test_a_backup_controller_is_head_2_listed_after_the_primary_with_its_state_on_shared_storage():
+    """slurm.conf(5) SlurmctldHost: "If specified more than once, the first hostname named will be where
+    the daemon runs. If the first specified host fails, the daemon will execute on the second host";
+    StateSaveLocation on storage both see (the local provider binds one host directory into both)."""
+    nodes = plan_nodes(ClusterConfig.model_validate(HA))
+    assert [(n.name, n.role) for n in nodes] == [
+        ("head", "head"),
+        ("head-2", "head"),
+        ("cpu-1", "compute"),
+        ("cpu-2", "compute"),
+    ]
+    inventory = planned_inventory(HA)
+    # The primary alone in slurm_head (what runs once: slurmdbd, Prometheus, NFS, the ops plays).
+    assert (inventory["groups"]["slurm_head"], inventory["groups"]["slurm_backup_head"]) == (["head"], ["head-2"])
+    lines = render("slurm.conf.j2", inventory).splitlines()
+    controllers = [line for line in lines if line.startswith("SlurmctldHost=")]
+    assert controllers == ["SlurmctldHost=head(10.77.0.10)", "SlurmctldHost=head-2(10.77.0.11)"]
+    assert "StateSaveLocation=/srv/clusterbake/controller/slurmctld" in lines
+    # One head: one SlurmctldHost, the state on the head's own disk, no backup group members.
+    single = planned_inventory({**HA, "head": {}})
+    single_lines = render("slurm.conf.j2", single).splitlines()
+    assert [line for line in single_lines if line.startswith("SlurmctldHost=")] == ["SlurmctldHost=head(10.77.0.10)"]
+    assert "StateSaveLocation=/var/spool/slurmctld" in single_lines
+    assert single["groups"]["slurm_backup_head"] == []
+
+
+def test_only_the_local_provider_takes_a_backup_controller_so_far():
+    from configs import aws_cluster
+
+    with pytest.raises(ValueError, match=r"head\.count: a backup controller is built on the local provider only"):
+        ClusterConfig.model_validate(aws_cluster(head={"instance_type": "m7i.2xlarge", "count": 2}))
+    with pytest.raises(ValueError, match=r"head\.count"):
+        ClusterConfig.model_validate({**HA, "head": {"count": 3}})
+
+
+def test_configless_clients_fetch_from_every_controller_the_primary_first():
+    """slurmd(8) --conf-server: "Comma-separated list of controllers, the first being the primary
+    slurmctld"; login nodes' SLURM_CONF_SERVER takes the same list."""
+    import yaml
+    from test_slurm_conf import ROLE
+
+    inventory = planned_inventory(HA)
+    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    context = {
+        "slurm_controller_host": "head",
+        "slurm_backup_controller_hosts": inventory["groups"]["slurm_backup_head"],
+        "slurm_slurmctld_port": 6817,
+    }
+    for name in ("__slurm_controllers", "__slurm_conf_servers"):
+        context[name] = render_string(role_vars[name], context)
+    assert context["__slurm_conf_servers"] == "head:6817,head-2:6817"
+    default = render("slurmd.default.j2", inventory, inventory_hostname="cpu-1", extra=context)
+    assert 'SLURMD_OPTIONS="--conf-server head:6817,head-2:6817"' in default

@@ -107,3 +107,42 @@ def test_a_node_slurm_gave_up_on_or_clusterbake_drained_is_replaced(program, bef
     assert program.replace_lost_nodes(program.config, slurm, power, power.running(), {}, now=7.0) == {"cpu-2": 7.0}
     assert power.calls == [("start", ["cpu-2"])]
     assert program.updates[-1] == ("update", "NodeName=cpu-2", "State=RESUME")
+
+
+# `scontrol ping` of Slurm 22.05 with a backup controller (the format tests/integration/test_controller_ha.py
+# reads from a real cluster).
+PING_BOTH_UP = "Slurmctld(primary) at head is UP\nSlurmctld(backup) at head-2 is UP\n"
+PING_PRIMARY_DOWN = "Slurmctld(primary) at head is DOWN\nSlurmctld(backup) at head-2 is UP\n"
+
+
+@pytest.mark.parametrize(
+    ("ping", "host", "in_control"),
+    [
+        (PING_BOTH_UP, "head", True),
+        (PING_BOTH_UP, "head-2", False),
+        (PING_PRIMARY_DOWN, "head-2", True),
+        (PING_PRIMARY_DOWN, "head", False),
+        ("Slurmctld(primary) at head is DOWN\n", "head", True),  # one controller: the loop runs where it runs
+        ("Slurmctld(primary) at head is DOWN\nSlurmctld(backup) at head-2 is DOWN\n", "head-2", False),
+    ],
+)
+def test_the_loop_runs_on_the_controller_in_control_only(program, monkeypatch, ping, host, in_control):
+    module = programs.power_program(monkeypatch, Path("/nonexistent/state.json"))
+    monkeypatch.setattr(module.core.socket, "gethostname", lambda: host)
+    monkeypatch.setattr(
+        module.core.subprocess, "run", lambda argv, **kw: SimpleNamespace(stdout=ping, returncode=0, argv=argv)
+    )
+    assert module.core.in_control() is in_control
+
+
+def test_a_backup_out_of_control_leaves_nodes_and_machines_alone(program, monkeypatch):
+    module = programs.power_program(monkeypatch, Path("/nonexistent/state.json"))
+    monkeypatch.setattr(module.core, "in_control", lambda: False)
+
+    def no_backend(config):
+        raise AssertionError("the backend was reached from a controller not in control")
+
+    monkeypatch.setattr(module.commands, "backend", no_backend)
+    monkeypatch.setattr(module.commands, "node_states", lambda: pytest.fail("Slurm's states read"))
+    assert module.commands.reconcile(program.config) == 0
+    assert program.updates == []

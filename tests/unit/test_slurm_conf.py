@@ -49,17 +49,22 @@ def _role_vars(context):
     return values
 
 
-def render(template, inventory, inventory_hostname="head"):
-    """Render a role template for one host of an inventory-like dict."""
+def render(template, inventory, inventory_hostname="head", extra=None):
+    """Render a role template for one host of an inventory-like dict (`extra`: the role's vars it reads)."""
     context = {
         **inventory["vars"],
         "groups": inventory["groups"],
         "hostvars": inventory["hostvars"],
         "inventory_hostname": inventory_hostname,
     }
-    context = {**_role_vars(context), **context}
+    context = {**_role_vars(context), **context, **(extra or {})}
     env = _environment(loader=jinja2.FileSystemLoader(ROLE / "templates"))
     return env.get_template(template).render(context)
+
+
+def render_string(text, context):
+    """A templated value of the role's vars (native types, as Ansible resolves them)."""
+    return _environment(NativeEnvironment).from_string(text).render(context)
 
 
 def node(cpus, real_memory, sockets=1, threads_per_core=1, gres=(), features=()):

@@ -21,9 +21,4 @@ class FilterModule:
     """Ansible entry point: exposes the filters above by their function names."""
 
     def filters(self):
-        return {
-            function.__name__: function
-            for function in (
-                lustre_client_module_kernels,
-            )
-        }
+        return {function.__name__: function for function in (lustre_client_module_kernels,)}

@@ -79,6 +79,7 @@ from clusterbake.config.image import (  # noqa: F401
 from clusterbake.config.nodes import (  # noqa: F401
     AWS_INSTANCE_TYPE_PATTERN,
     AZURE_VM_SIZE_PATTERN,
+    HEAD_NAME,
     INSTANCE_TYPE_PATTERN,
     LOCAL_SIZING_KEYS,
     LOGIN_GROUP,
@@ -211,6 +212,11 @@ class ClusterConfig(Strict):
         if self.provider == "local" and self.login_nodes is not None and self.login_nodes.ssh_cidrs:
             raise ValueError(
                 "login_nodes.ssh_cidrs: only for the clouds (local nodes are reached from this machine); remove it"
+            )
+        if self.head.count > 1 and self.provider != "local":
+            raise ValueError(
+                f"head.count: a backup controller is built on the local provider only so far (its StateSaveLocation "
+                f"on {self.provider} needs shared storage both heads mount, not yet made); use count: 1"
             )
         groups = {g.name for g in self.node_groups}
         for reserved in ("head", "login"):

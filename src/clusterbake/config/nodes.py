@@ -49,8 +49,32 @@ class NodeSize(Strict):
     )
 
 
+# Heads a cluster may have: the primary controller `head` and a backup `head-2` (Slurm's SlurmctldHost list).
+MAX_HEADS = 2
+HEAD_NAME = "head"
+
+
 class HeadConfig(NodeSize):
-    pass
+    count: int = Field(
+        1,
+        ge=1,
+        le=MAX_HEADS,
+        description="Heads: 2 adds a backup controller `head-2` (a second slurmctld, StateSaveLocation on "
+        "storage both heads see) that takes over when the primary `head` stops answering (SlurmctldTimeout); "
+        "local provider only so far.",
+    )
+
+    controller_timeout: int = Field(
+        120,
+        ge=5,
+        le=3600,
+        description="Seconds slurmctld may stop answering before a backup controller takes control "
+        "(SlurmctldTimeout; Slurm's default 120).",
+    )
+
+    def node_names(self) -> list[str]:
+        """head, then head-2 (the backup controller)."""
+        return [HEAD_NAME] + [f"{HEAD_NAME}-{i}" for i in range(2, self.count + 1)]
 
 
 # Login nodes a cluster may have (login-1 .. login-16), and their names' stem (their group's name).

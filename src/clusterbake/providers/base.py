@@ -110,6 +110,10 @@ class BillingCheck:
         return [item for item in self.leftovers if not item.kept]
 
 
+# How long a head may take to answer before Slurm's commands go to the next head.
+CONTROLLER_PROBE_TIMEOUT = 5.0
+
+
 class Provider(ABC):
     # When the first `cluster up` of a cluster fails, `cluster.up` calls destroy() to
     # remove what it created. A provider that rolls back by itself says False.
@@ -168,7 +172,7 @@ class Provider(ABC):
             return
         command = ["scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}"]
         try:
-            remote.run(self.endpoint("head"), command, timeout=30, check=True)
+            remote.run(self.controller_endpoint(), command, timeout=30, check=True)
         except Exception as exc:  # the head may be stopped or unreachable: the node goes anyway
             say(f"    warning: could not mark {name} down in Slurm ({str(exc).splitlines()[0]})")
 
@@ -196,6 +200,27 @@ class Provider(ABC):
     @abstractmethod
     def endpoint(self, node: str) -> Endpoint:
         """How to reach a node over SSH (clusterbake.remote runs the commands)."""
+
+    def controller_endpoint(self) -> Endpoint:
+        """Where Slurm's commands run: the head; with a backup controller (head.count 2) the first head
+        that answers SSH, whose commands reach whichever slurmctld is in control."""
+        from clusterbake import remote
+
+        heads = [n.name for n in self.nodes if n.role == "head"]
+        if len(heads) == 1:
+            return self.endpoint(heads[0])
+        errors = []
+        for name in heads:
+            try:
+                endpoint = self.endpoint(name)
+                remote.probe(endpoint, timeout=CONTROLLER_PROBE_TIMEOUT)
+            except ClusterbakeError as exc:  # remote.RemoteError included
+                errors.append(f"{name}: {str(exc).splitlines()[0]}")
+                continue
+            return endpoint
+        raise ClusterbakeError(
+            f"no head answers SSH ({'; '.join(errors)}); `clusterbake cluster status` shows their machines"
+        )
 
     @abstractmethod
     def start_node(self, name: str) -> None: ...

@@ -114,7 +114,10 @@ def _since_seconds(stamp: str) -> float | None:
 
 
 def reconcile(config: dict) -> int:
-    """One pass: orphans stopped after orphan_grace, failed resumes back in service after the cool-down."""
+    """One pass: orphans stopped after orphan_grace, failed resumes back in service after the cool-down.
+    Only on the head whose slurmctld is in control (a backup controller's timer runs too)."""
+    if not core.in_control():
+        return 0
     states = node_states()
     power = backend(config)
     running = power.running()
@@ -202,6 +205,9 @@ def main(argv: list[str]) -> int:
     if command == "power":
         command, args = (args[0], args[1:]) if args else ("", [])
     config = json.loads(CONFIG.read_text()) if CONFIG.exists() else {}
+    if config.get("state_file"):
+        # With a backup controller the state is where both heads read it (role slurm_power).
+        core.STATE = Path(config["state_file"])
     try:
         if command == "resume" and len(args) == 1:
             return resume(config, args[0])

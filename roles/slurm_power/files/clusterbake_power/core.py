@@ -8,6 +8,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -70,6 +72,26 @@ def scontrol(*args: str) -> str:
     if result.returncode != 0:
         raise PowerError(f"scontrol {' '.join(args)}: {result.stderr.strip()}")
     return result.stdout
+
+
+# `scontrol ping`: a line per SlurmctldHost, in slurm.conf's order ("Slurmctld(primary) at head is UP").
+CONTROLLER_LINE = re.compile(r"^Slurmctld\((?:[^)]*)\) at (\S+) is (UP|DOWN)", re.MULTILINE)
+
+
+def controller_in_control(ping: str) -> str | None:
+    """The controller in control, from `scontrol ping`'s answer: the first of the SlurmctldHost list that
+    answers (slurm.conf(5): a backup runs the cluster while every controller before it is down); None:
+    none answers."""
+    return next((host for host, status in CONTROLLER_LINE.findall(ping) if status == "UP"), None)
+
+
+def in_control() -> bool:
+    """Whether this host's slurmctld is the one in control. With one controller, always: the loop runs
+    where slurmctld runs. (`scontrol ping` exits non-zero when one is down: its answer is read anyway.)"""
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout
+    if len(CONTROLLER_LINE.findall(ping)) <= 1:
+        return True
+    return controller_in_control(ping) == socket.gethostname().split(".")[0]
 
 
 def expand(hostlist: str) -> list[str]:

@@ -13,7 +13,10 @@ rollback, not be retried). RunInstances is safe to retry: every launch carries a
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,7 +68,36 @@ def client(service: str, region: str):
     from botocore.config import Config
 
     config = Config(retries={"mode": "standard", "total_max_attempts": 1}, user_agent_appid="clusterbake")
-    return boto3.session.Session().client(service, region_name=region, config=config)
+    made = boto3.session.Session().client(service, region_name=region, config=config)
+    if os.environ.get(API_TIMINGS):
+        _time_calls(made)
+    return made
+
+
+# bench/: with $CLUSTERBAKE_API_TIMINGS=FILE, each API call's operation and seconds (request sent to
+# answer parsed) are appended to FILE as JSON lines, so that a run's time in the cloud's API (on the
+# twin, moto's) can be told from its own.
+API_TIMINGS = "CLUSTERBAKE_API_TIMINGS"
+
+
+def _time_calls(made) -> None:
+    started: dict[int, float] = {}
+
+    def before(model, **_):
+        started[threading.get_ident()] = time.perf_counter()
+
+    def after(model, **_):
+        begun = started.pop(threading.get_ident(), None)
+        if begun is not None:
+            line = {
+                "operation": f"{model.service_model.service_name}:{model.name}",
+                "seconds": time.perf_counter() - begun,
+            }
+            with open(os.environ[API_TIMINGS], "a") as out:
+                out.write(json.dumps(line) + "\n")
+
+    made.meta.events.register("before-call.*.*", before)
+    made.meta.events.register("after-call.*.*", after)
 
 
 def ec2_client(region: str):

@@ -19,7 +19,7 @@ import yaml
 
 from clusterbake.errors import ClusterbakeError, ConfigError, NodesDidNotBoot
 from clusterbake.images.store import find_local_image
-from clusterbake.inventory import build_inventory
+from clusterbake.inventory import CONTROLLER_SHARED_DIR, build_inventory
 from clusterbake.nspawn import limits, machines, network, outbound, rootfs
 from clusterbake.plan import address_pool, assign_addresses
 from clusterbake.progress import say
@@ -92,6 +92,15 @@ class LocalProvider(Provider):
             binds[mount.mount_point] = self.cluster.storage(mount.name)
         return binds
 
+    def _head_binds(self) -> dict[str, Path]:
+        """With a backup controller, what both heads share (slurmctld's state, the power program's):
+        a host directory, bound into the heads only (root's; the join makes SlurmUser's folders in it)."""
+        return {CONTROLLER_SHARED_DIR: self.controller_dir} if self.config.head.count > 1 else {}
+
+    @property
+    def controller_dir(self) -> Path:
+        return self.cluster.root / "controller"
+
     # --- lifecycle -------------------------------------------------------------------
 
     def validate(self) -> None:
@@ -141,7 +150,7 @@ class LocalProvider(Provider):
         if not image_root.is_dir():
             raise ClusterbakeError(f"image root {image_root} is missing; run `make image`")
         self.cluster.ensure_secrets()
-        for directory in self._binds().values():
+        for directory in [*self._binds().values(), *self._head_binds().values()]:
             directory.mkdir(parents=True, exist_ok=True)
             machines.ensure_nosuid_nodev(directory)
         self.power_agent_dir.mkdir(mode=0o755, exist_ok=True)
@@ -390,8 +399,8 @@ class LocalProvider(Provider):
             name,
             paths.root,
             netns,
-            self._binds(),
-            # The head alone sees the power agent's socket (security review finding 17).
+            self._binds() | (self._head_binds() if self.node(name).role == "head" else {}),
+            # The heads alone see the power agent's socket (security review finding 17).
             readonly_binds=self._gpu_devices(name)
             | ({HEAD_SOCKET_DIR: self.power_agent_dir} if self.node(name).role == "head" else {}),
             init_args=init_args,
