@@ -83,6 +83,7 @@ LANES: dict[str, list[str]] = {
     "aws-twin": [
         "tests/twin/test_aws_twin.py",
         "tests/twin/test_aws_elastic.py",
+        "tests/twin/test_aws_scale.py",
         "tests/twin/test_imds_hop_limit.py",
         "tests/integration/test_elastic.py",
     ],

@@ -467,6 +467,13 @@ def test_inventory_has_the_shared_shape(twin, ndv5):
     assert (cpu["cpus"], cpu["cores_per_socket"], cpu["threads_per_core"], cpu["gres"]) == (4, 2, 2, [])
     variables = result["all"]["vars"]
     assert variables["clusterbake_provider"] == "azure" and variables["node_join_self_join"] is True
+    # topology.conf: the InfiniBand group's nodes under a leaf named after its availability set (VMs reach
+    # each other over InfiniBand only within one set: Azure's "Enable InfiniBand"); cpu-1, no fabric, apart.
+    assert variables["clusterbake_topology"] == [
+        {"name": f"clusterbake-{CLUSTER}-gpu", "nodes": "gpu-[1-2]"},
+        {"name": "unplaced", "nodes": "cpu-1"},
+        {"name": "root", "switches": f"clusterbake-{CLUSTER}-gpu,unplaced"},
+    ]
     assert variables["ansible_user"] == "azureuser" and variables["clusterbake_subnet_cidr"] == SUBNET_PREFIX
 
 

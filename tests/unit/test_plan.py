@@ -92,8 +92,23 @@ def test_cloud_pools_are_taken_from_the_top():
     assert address_pool("10.90.0.0/24", skip_first=3, from_top=True)[:2] == ["10.90.0.254", "10.90.0.253"]
 
 
+def planned_inventory(settings: dict) -> dict:
+    """The inventory of a config as every provider builds it, in render()'s shape."""
+    cfg = ClusterConfig.model_validate(settings)
+    nodes = plan_nodes(cfg)
+    addresses = assign_addresses([n.name for n in nodes], POOL, {}, "local.subnet")
+    inventory = build_inventory(
+        cfg, nodes, addresses, extra_vars={**LOCAL_PLUGINS, "clusterbake_extra_ca_certificates": []}
+    )
+    return {
+        "groups": {name: data["hosts"] for name, data in inventory.items() if name not in ("_meta", "all")},
+        "hostvars": inventory["_meta"]["hostvars"],
+        "vars": inventory["all"]["vars"],
+    }
+
+
 def elastic_inventory() -> dict:
-    cfg = ClusterConfig.model_validate(
+    return planned_inventory(
         {
             "cluster_name": "elastic",
             "node_groups": [
@@ -108,16 +123,6 @@ def elastic_inventory() -> dict:
             "power": {"resume_timeout": 300},
         }
     )
-    nodes = plan_nodes(cfg)
-    addresses = assign_addresses([n.name for n in nodes], POOL, {}, "local.subnet")
-    inventory = build_inventory(
-        cfg, nodes, addresses, extra_vars={**LOCAL_PLUGINS, "clusterbake_extra_ca_certificates": []}
-    )
-    return {
-        "groups": {name: data["hosts"] for name, data in inventory.items() if name not in ("_meta", "all")},
-        "hostvars": inventory["_meta"]["hostvars"],
-        "vars": inventory["all"]["vars"],
-    }
 
 
 def test_elastic_slurm_conf_matches_golden_file():
@@ -180,21 +185,6 @@ def test_resume_timeout_defaults_to_30_minutes_for_gpu_and_fabric_nodes(features
     addresses = assign_addresses([n.name for n in nodes], POOL, {}, "local.subnet")
     inventory = build_inventory(cfg, nodes, addresses, extra_vars={"clusterbake_extra_ca_certificates": []})
     assert inventory["all"]["vars"]["clusterbake_power"]["resume_timeout"] == expected
-
-
-def planned_inventory(settings: dict) -> dict:
-    """The inventory of a config as every provider builds it, in render()'s shape."""
-    cfg = ClusterConfig.model_validate(settings)
-    nodes = plan_nodes(cfg)
-    addresses = assign_addresses([n.name for n in nodes], POOL, {}, "local.subnet")
-    inventory = build_inventory(
-        cfg, nodes, addresses, extra_vars={**LOCAL_PLUGINS, "clusterbake_extra_ca_certificates": []}
-    )
-    return {
-        "groups": {name: data["hosts"] for name, data in inventory.items() if name not in ("_meta", "all")},
-        "hostvars": inventory["_meta"]["hostvars"],
-        "vars": inventory["all"]["vars"],
-    }
 
 
 HA = {"cluster_name": "ha", "head": {"count": 2}, "node_groups": [{"name": "cpu", "count": 2}]}

@@ -54,6 +54,7 @@ from clusterbake.providers.base import BillingCheck, CostEstimate, Price
 from clusterbake.providers.cloud import CloudProvider, Machine, Publish
 from clusterbake.providers.userdata import user_data
 from clusterbake.state import StateDir
+from clusterbake.topology import switches
 
 
 class AzureProvider(CloudProvider):
@@ -806,7 +807,22 @@ class AzureProvider(CloudProvider):
             expected = infiniband_expectation(self._instance_type(node)) if "ib" in node.features else None
             if expected:  # the ports and rate the size has (role node_health drains a node short of them)
                 hostvars[node.name]["node_health_infiniband"] = expected
+        if fabrics := self._fabric_paths(nodes):
+            extra["clusterbake_topology"] = switches(fabrics, [n.name for n in nodes if n.role == "compute"])
         return build_inventory(self.config, nodes, addresses, extra_vars=extra, extra_hostvars=hostvars)
+
+    def _fabric_paths(self, nodes: list[NodeSpec]) -> dict[str, list[str]]:
+        """Where compute nodes hang, as Azure documents it for its HPC sizes: VMs reach each other over
+        InfiniBand only within one availability set (or scale set placement group) ("Enable InfiniBand",
+        Azure HPC docs), and each InfiniBand group has one (placement). Each such group's nodes, elastic
+        ones too (their set is fixed before they launch), under a leaf switch named after its set; the
+        others unplaced (clusterbake.topology)."""
+        paths = {}
+        for node in nodes:
+            group = self._group(node.nodegroup) if node.role == "compute" else None
+            if group is not None and uses_infiniband(group, self.infos.get(group.instance_type)):
+                paths[node.name] = [resources.group_resource_name(self.config.cluster_name, group.name)]
+        return paths
 
     def _connection_extra(self) -> dict:
         return {"clusterbake_azure_location": self.azure.location, "fabric_socket_ifname": self.azure.network_interface}
