@@ -394,19 +394,19 @@ class LocalProvider(Provider):
             # Fault injection for the tests: the node boots, but its sshd never starts.
             say(f"    {name}: injected boot failure (inject/boot-fail): ssh.service masked")
             init_args.append("systemd.mask=ssh.service")
+        head = self.node(name).role == "head"
         argv = machines.nspawn_argv(
             self.machine_name(name),
             name,
             paths.root,
             netns,
-            self._binds() | (self._head_binds() if self.node(name).role == "head" else {}),
+            self._binds() | (self._head_binds() if head else {}),
             # The heads alone see the power agent's socket (security review finding 17).
-            readonly_binds=self._gpu_devices(name)
-            | ({HEAD_SOCKET_DIR: self.power_agent_dir} if self.node(name).role == "head" else {}),
+            readonly_binds=self._gpu_devices(name) | ({HEAD_SOCKET_DIR: self.power_agent_dir} if head else {}),
             init_args=init_args,
             # Compute nodes cannot spoof an address on the bridge (security review finding 17): the head
             # alone keeps CAP_NET_ADMIN (quickack), no node CAP_NET_RAW.
-            network_admin=self.node(name).role == "head",
+            network_admin=head,
             raw_sockets=False,
         )
         machines.spawn(argv, self.machine_name(name), paths.console_log, shared_cpu=self.node(name).role == "compute")
