@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 POWER_FILES = Path(__file__).resolve().parents[1] / "roles" / "slurm_power" / "files"
-POWER_MODULES = ("core", "cloud", "local", "aws", "azure", "commands")
+POWER_MODULES = ("core", "cloud", "local", "aws", "azure", "network", "commands")
 
 
 def load_program(name: str, path: Path) -> ModuleType:

@@ -4,15 +4,19 @@ Every provider says it the same way, as EC2's DescribeInstanceTopology does: for
 switches above it from the top of the network down to its own (NetworkNodes). From those
 paths come the switches of topology.conf, each with its nodes (a leaf) or the switches under
 it, node names hostlist-compressed; `--switches=N` jobs then get nodes under N leaf switches.
+
+The power program on an aws head ships this module as its own (role slurm_power) and rewrites
+topology.conf with it when compute instances start or stop: it has no python-hostlist there (not in
+Debian 12 nor Ubuntu), and compresses with `scontrol show hostlistsorted` instead (`compress`).
+The file it writes is the one role slurm's template writes (`render`; tests/unit/test_topology.py
+holds them equal), so that the next `cluster up` finds nothing to change.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
-
-import hostlist
 
 # Nodes whose place is not known (an elastic node not launched yet): a leaf of their own, so
 # that slurmctld sees every node in the tree (a node outside it is never allocated with others).
@@ -51,13 +55,31 @@ def check_paths(paths: Mapping[str, Sequence[str]], where: str, same_depth: bool
                 raise TopologyError(f"{where}: switch {child!r} hangs under both {parents[child]!r} and {parent!r}")
 
 
-def switches(paths: Mapping[str, Sequence[str]], nodes: Iterable[str]) -> list[dict]:
+def collect_hostlist(names: Iterable[str]) -> str:
+    import hostlist  # here: the power program on a head compresses otherwise (module docstring)
+
+    return hostlist.collect_hostlist(list(names))
+
+
+def expand_hostlist(names: str) -> list[str]:
+    import hostlist
+
+    return hostlist.expand_hostlist(names)
+
+
+def switches(
+    paths: Mapping[str, Sequence[str]],
+    nodes: Iterable[str],
+    compress: Callable[[list[str]], str] = collect_hostlist,
+    expected: bool = False,
+) -> list[dict]:
     """topology.conf's switches for `nodes` ([{name, nodes}] leaves, then [{name, switches}] upward), from
-    each placed node's path; nodes without one go under UNPLACED. Empty: no topology known at all."""
+    each placed node's path; nodes without one go under UNPLACED. None placed: no topology (empty),
+    unless places are `expected` (instance types EC2 places once they run): every node under UNPLACED."""
     nodes = list(nodes)
     placed = {node: list(paths[node]) for node in nodes if node in paths}
     if not placed:
-        return []
+        return [{"name": UNPLACED, "nodes": compress(sorted(nodes))}] if expected and nodes else []
     check_paths(placed, "topology", same_depth=False)
     leaves: dict[str, list[str]] = {}
     children: dict[str, set[str]] = {}
@@ -71,15 +93,32 @@ def switches(paths: Mapping[str, Sequence[str]], nodes: Iterable[str]) -> list[d
     if unplaced:
         leaves[UNPLACED] = unplaced
         tops.add(UNPLACED)
-    lines = [{"name": name, "nodes": hostlist.collect_hostlist(members)} for name, members in sorted(leaves.items())]
+    lines = [{"name": name, "nodes": compress(sorted(members))} for name, members in sorted(leaves.items())]
     lines += [{"name": name, "switches": ",".join(sorted(below))} for name, below in sorted(children.items())]
     if len(tops) > 1:
         lines.append({"name": ROOT, "switches": ",".join(sorted(tops))})
     return lines
 
 
+HEADER = """\
+# Managed by clusterbake (role slurm), do not edit: rewritten by ansible/cluster.yml, and on aws
+# by the power program's reconcile loop when compute instances start or stop.
+# The network's switches (topology/tree), from the provider: leaf switches with their nodes, then
+# the switches above them. Configless: slurmd and the commands fetch it from slurmctld.
+"""
+
+
+def render(lines: Sequence[Mapping]) -> str:
+    """topology.conf as role slurm's template (topology.conf.j2) writes it from switches()' lines."""
+    body = "".join(
+        f"SwitchName={line['name']} "
+        + (f"Nodes={line['nodes']}" if "nodes" in line else f"Switches={line['switches']}")
+        + "\n"
+        for line in lines
+    )
+    return HEADER + body
+
+
 def leaf_of(topology: Sequence[Mapping]) -> dict[str, str]:
     """Each node's leaf switch, from switches()' lines."""
-    return {
-        node: line["name"] for line in topology if "nodes" in line for node in hostlist.expand_hostlist(line["nodes"])
-    }
+    return {node: line["name"] for line in topology if "nodes" in line for node in expand_hostlist(line["nodes"])}

@@ -307,6 +307,38 @@ def test_program_launches_an_elastic_node_and_terminates_it(moto, elastic, progr
     assert f"terminate burst-2: {instance['InstanceId']}" in log
 
 
+def test_program_places_a_node_it_started_as_the_next_inventory_would(moto, elastic, program, monkeypatch):
+    """EC2 places an instance in its network only once it runs: the node the head started hangs under
+    `unplaced` in the topology.conf of `cluster up` until the reconcile loop's pass (network.py) puts it
+    where EC2 says, in the very file the next `cluster up` would write (nothing for it to change). The
+    twin's layout answers for c7a.large and m7a.large here as EC2 answers for a p5 (stand_in_types):
+    EC2 itself gives them no topology."""
+    from clusterbake.topology import UNPLACED, collect_hostlist, leaf_of, render
+
+    module, backend, tmp = program
+    monkeypatch.setattr(module.core, "scontrol", lambda *args: "")
+    monkeypatch.setattr(module.core, "compress", collect_hostlist)  # a head's scontrol: tests/twin
+    moto.topology_file.write_text(json.dumps({"stand_in_types": ["c7a.large", "m7a.large"]}))
+    try:
+        at_cluster_up = inventory(moto, elastic["state_dir"], elastic["path"])["all"]["vars"]["clusterbake_topology"]
+        assert {n: leaf != UNPLACED for n, leaf in leaf_of(at_cluster_up).items()} == {
+            "cpu-1": True, "burst-1": True, "burst-2": False, "burst-3": False
+        }  # fmt: skip
+        conf = tmp / "topology.conf"
+        conf.write_text(render(at_cluster_up))
+        config = backend.config | {
+            "topology_file": str(conf), "static_nodes": ["cpu-1", "burst-1"], "elastic_nodes": ["burst-2", "burst-3"]
+        }  # fmt: skip
+        assert backend.power("start", ["burst-2"]) == {"burst-2": "ok"}
+        backend.running()
+        module.network.refresh(config, backend, now=1000.0)
+        after = inventory(moto, elastic["state_dir"], elastic["path"])["all"]["vars"]["clusterbake_topology"]
+        assert leaf_of(after)["burst-2"] != UNPLACED and leaf_of(after)["burst-3"] == UNPLACED
+        assert conf.read_text() == render(after)
+    finally:
+        moto.topology_file.unlink()
+
+
 def test_program_falls_over_to_the_next_type_when_ec2_has_no_capacity(moto, elastic, program):
     _, backend, tmp = program
     used = sum(1 for i in live_instances(moto.ec2(), CLUSTER) if i["InstanceType"] == "c7a.large")

@@ -480,3 +480,111 @@ def test_resume_logs_the_jobs_from_slurms_resume_file(program, tmp_path, monkeyp
     resume_file.write_text("{not json")
     assert program.commands.resume(config, "gpu-[2-3]") == 0
     assert "SLURM_RESUME_FILE unreadable" in (tmp_path / "power.log").read_text().splitlines()[-1]
+
+
+RUNNING_OR_PENDING = {"Name": "instance-state-name", "Values": ["pending", "running"]}
+
+
+def _instance(instance_id, name, state="running"):
+    return {"InstanceId": instance_id, "State": {"Name": state}, "Tags": [{"Key": "clusterbake:name", "Value": name}]}
+
+
+def test_topology_conf_follows_the_running_instances_and_reconfigures_only_on_a_change(program, tmp_path, monkeypatch):
+    """The reconcile loop's part on an aws head (network.py): where EC2 says the running compute instances
+    hang (a pending one has no place yet), written as role slurm writes topology.conf, slurmctld
+    reconfigured; the next pass with the same instances and file asks EC2 nothing; a file `cluster up`
+    rewrote meanwhile is placed again."""
+    from clusterbake.topology import collect_hostlist, render, switches
+
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    nodes = ["gpu-2", "gpu-3"]
+    topology = tmp_path / "topology.conf"
+    as_cluster_up_wrote_it = render(switches({}, nodes, expected=True))
+    topology.write_text(as_cluster_up_wrote_it)
+    config = {**backend.config, "topology_file": str(topology), "static_nodes": [], "elastic_nodes": nodes}
+    calls: list[tuple] = []
+    monkeypatch.setattr(program.core, "scontrol", lambda *args: calls.append(args) or "")
+    # On a head `scontrol show hostlistsorted` compresses (no python-hostlist there);
+    # tests/twin/test_aws_elastic.py holds its file equal to this one.
+    monkeypatch.setattr(program.core, "compress", collect_hostlist)
+    listed = {
+        "Reservations": [
+            {
+                "Instances": [
+                    _instance("i-00000000000000001", "head"),
+                    _instance("i-00000000000000002", "gpu-2"),
+                    _instance("i-00000000000000003", "gpu-3", "pending"),
+                ]
+            }
+        ]
+    }
+    path = ["nn-top", "nn-spine-0", "nn-leaf-0"]
+    placed = {
+        "Instances": [{"InstanceId": "i-00000000000000002", "InstanceType": "p4d.24xlarge", "NetworkNodes": path}]
+    }
+
+    def one_pass(now, topology_answer=None):
+        with Stubber(client) as stub:
+            stub.add_response("describe_instances", listed, {"Filters": [FILTER_CLUSTER, RUNNING_OR_PENDING]})
+            if topology_answer:
+                stub.add_response(
+                    "describe_instance_topology", topology_answer, {"InstanceIds": ["i-00000000000000002"]}
+                )
+            backend.running()
+            program.network.refresh(config, backend, now)
+            stub.assert_no_pending_responses()
+
+    one_pass(1000.0, placed)
+    expected = render(switches({"gpu-2": path}, nodes))
+    assert topology.read_text() == expected
+    assert "SwitchName=nn-leaf-0 Nodes=gpu-2" in expected and "SwitchName=unplaced Nodes=gpu-3" in expected
+    assert calls == [("reconfigure",)]
+    one_pass(1030.0)  # the same instances, the same file: no DescribeInstanceTopology, no reconfigure
+    assert calls == [("reconfigure",)]
+    topology.write_text(as_cluster_up_wrote_it)
+    one_pass(1060.0, placed)
+    assert topology.read_text() == expected and calls == [("reconfigure",)] * 2
+    assert (
+        "topology: " + str(topology) + " rewritten for 1 running node(s), 2 leaf switch(es)"
+        in (tmp_path / "power.log").read_text()
+    )
+
+
+def test_topology_is_asked_100_instances_a_call(program, tmp_path):
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    running = {f"gpu-{n}": f"i-{n:017x}" for n in range(1, 151)}
+    ids = sorted(running.values())
+    with Stubber(client) as stub:
+        for batch in (ids[:100], ids[100:]):
+            answer = [{"InstanceId": i, "NetworkNodes": ["nn-a", "nn-b", "nn-c"]} for i in batch]
+            stub.add_response("describe_instance_topology", {"Instances": answer}, {"InstanceIds": batch})
+        assert backend.network_paths(running) == {name: ["nn-a", "nn-b", "nn-c"] for name in running}
+        stub.assert_no_pending_responses()
+
+
+def test_a_topology_ec2_refuses_leaves_the_file_and_the_rest_of_the_pass(program, tmp_path, monkeypatch):
+    """A head role without ec2:DescribeInstanceTopology (or EC2 down): said in the log, the file as it
+    was, no reconfigure, and the reconcile pass is not failed for it (the next pass asks again)."""
+    client = ec2_client()
+    backend = _backend(program, tmp_path, client)
+    topology = tmp_path / "topology.conf"
+    topology.write_text("as cluster up wrote it\n")
+    config = {**backend.config, "topology_file": str(topology), "static_nodes": ["gpu-2"], "elastic_nodes": []}
+    calls: list[tuple] = []
+    monkeypatch.setattr(program.core, "scontrol", lambda *args: calls.append(args) or "")
+    listed = {"Reservations": [{"Instances": [_instance("i-00000000000000002", "gpu-2")]}]}
+    with Stubber(client) as stub:
+        stub.add_response("describe_instances", listed, {"Filters": [FILTER_CLUSTER, RUNNING_OR_PENDING]})
+        stub.add_client_error(
+            "describe_instance_topology", "UnauthorizedOperation", "You are not authorized to perform this operation."
+        )
+        backend.running()
+        program.network.refresh(config, backend, now=1000.0)
+    assert topology.read_text() == "as cluster up wrote it\n" and calls == []
+    assert (
+        "topology: EC2 DescribeInstanceTopology: UnauthorizedOperation: You are not authorized"
+        in (tmp_path / "power.log").read_text()
+    )
+    assert "topology" not in program.core.read_state()

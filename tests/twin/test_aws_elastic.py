@@ -30,8 +30,11 @@ from twintest import (
     slurm_states,
     submit_and_time_the_start,
     submit_where_no_capacity_is,
+    twin_setting,
     wait_done,
 )
+
+from clusterbake.topology import expand_hostlist, render, switches
 
 pytestmark = pytest.mark.integration
 CLUSTER = "citwinel"
@@ -77,10 +80,14 @@ def elastic(twin_env, tmp_path_factory):
     example = yaml.safe_load((REPO / "examples" / "aws-twin.yaml").read_text())
     BLOCK.update(_buy_capacity_block(twin, example["aws"]["subnet_id"]))
     path.write_text(yaml.safe_dump(_config(), sort_keys=False))
-    twin.up = twin.cb("cluster", "up", timeout=1200)
-    yield twin
-    capacity(None)
-    twin.cb("cluster", "down", timeout=600)
+    # The twin answers DescribeInstanceTopology for this cluster's small types as EC2 does for a p5
+    # (EC2 gives them no topology): topology.conf with block-1 placed at `cluster up`, the elastic
+    # nodes placed by the head's reconcile loop once their instances run.
+    with twin_setting("topology.json", {"stand_in_types": ["c7a.large", "m7a.large"]}):
+        twin.up = twin.cb("cluster", "up", timeout=1200)
+        yield twin
+        capacity(None)
+        twin.cb("cluster", "down", timeout=600)
 
 
 def _control(path: str, body: dict | None):
@@ -112,9 +119,28 @@ def _elastic_states(twin: Twin) -> dict[str, str]:
     return {name: state for name, state in slurm_states(twin).items() if name in NODES}
 
 
+def _leaves(twin: Twin) -> dict[str, str]:
+    """Each node's leaf switch as slurmctld has it (`scontrol show topology`)."""
+    lines = head(twin, "scontrol show topology").stdout.splitlines()
+    return {node: m.group(1) for line in lines if (m := re.search(r"SwitchName=(\S+) Level=0 .*Nodes=(\S+)", line))
+            for node in expand_hostlist(m.group(2))}  # fmt: skip
+
+
+def _placed_as_the_controller_would(twin: Twin) -> str:
+    """topology.conf as `cluster up` would write it now: from the twin's DescribeInstanceTopology of the
+    running compute instances (python-hostlist compressing, as on the controller)."""
+    running = {name: i["InstanceId"] for name in ("block-1", *NODES) if (i := twin.instance(name))}
+    answer = twin.client("ec2").describe_instance_topology(InstanceIds=sorted(running.values()))["Instances"]
+    names = {instance_id: name for name, instance_id in running.items()}
+    return render(switches({names[i["InstanceId"]]: i["NetworkNodes"] for i in answer}, ["block-1", *NODES]))
+
+
 def test_elastic_nodes_start_powered_down_without_instances(elastic):
     assert _elastic_states(elastic) == {"cpu-1": "idle~", "cpu-2": "idle~"}
     assert all(elastic.instance(n) is None for n in NODES)
+    # EC2 has no place for an instance that does not run: the elastic nodes under `unplaced`.
+    leaves = _leaves(elastic)
+    assert (leaves["cpu-1"], leaves["cpu-2"]) == ("unplaced", "unplaced") and leaves["block-1"].startswith("nn-")
     nodes = node_status(elastic)
     assert {n: nodes[n]["state"] for n in NODES} == {"cpu-1": "absent", "cpu-2": "absent"}
     # Planned addresses from the top of the twin's subnet 10.90.0.0/24 (each cluster's own state).
@@ -146,10 +172,17 @@ def test_a_job_powers_both_nodes_up_through_the_heads_resume_program(elastic):
         assert f"joined from secret clusterbake/{CLUSTER}/join/cpu" in fetch.stdout
         waited += [name] if "waiting for Secrets Manager" in fetch.stdout else []
     assert waited, "no node's first fetch failed: the faults went elsewhere"
+    # Running, the instances have their place: the reconcile loop wrote it to topology.conf, in the
+    # file `cluster up` would write (the head's `scontrol show hostlistsorted` compressing as
+    # python-hostlist does), and slurmctld reads it.
+    wait_for("cpu-1, cpu-2 placed", lambda: _leaves(elastic)["cpu-2"] != "unplaced" != _leaves(elastic)["cpu-1"],
+             timeout=60)  # fmt: skip
+    assert head(elastic, "cat /etc/slurm/topology.conf").stdout == _placed_as_the_controller_would(elastic)
     wait_done(elastic, job)
     assert sorted(head(elastic, "cat /shared/up.out").stdout.split()) == list(NODES)
     log = head(elastic, POWER_LOG).stdout
     assert re.search(r"resume cpu-1: i-\w+ c7a\.large at ", log), log
+    assert "topology: /etc/slurm/topology.conf rewritten for 3 running node(s)" in log, log
 
 
 def test_idle_nodes_are_terminated_after_idle_time(elastic):
@@ -159,6 +192,7 @@ def test_idle_nodes_are_terminated_after_idle_time(elastic):
     for name in NODES:  # one call for both, or one each when they went idle apart
         assert re.search(rf"suspend [\w,-]*\b{name}\b[\w,-]* \(idle past their idle_time\)", log), log
     assert re.search(r"terminate cpu-2: i-\w+", log)
+    wait_for("cpu-1, cpu-2 unplaced again", lambda: {_leaves(elastic)[n] for n in NODES} == {"unplaced"}, timeout=60)
 
 
 def test_without_capacity_for_the_first_type_a_node_comes_up_as_the_next(elastic):

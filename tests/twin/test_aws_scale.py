@@ -9,20 +9,25 @@ are bench/scale.py's, not this test's.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
-import os
 import re
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 from polling import wait_for
 from timetable import boots_cluster
-from twintest import POWER_LOG, REPO, Twin, elastic_cpu_group, slurm_states, submit_and_time_the_start
+from twintest import (
+    POWER_LOG,
+    REPO,
+    Twin,
+    elastic_cpu_group,
+    slurm_states,
+    submit_and_time_the_start,
+    twin_setting,
+)
 
 from clusterbake.config import MONITORING_PORTS
 
@@ -37,19 +42,9 @@ SUBNET = "10.90.4.0/22"  # 1,019 addresses EC2 hands out (it keeps each subnet's
 STANDARD_VCPUS = "L-1216C47A"
 
 
-@contextlib.contextmanager
 def raised_vcpu_quota(vcpus: int):
     """The twin account's standard vCPU quota at `vcpus` (its $MOTO_QUOTAS_FILE), as before after."""
-    path = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) / "twins" / "aws" / "quotas.json"
-    before = path.read_text() if path.exists() else None
-    path.write_text(json.dumps({**json.loads(before or "{}"), STANDARD_VCPUS: vcpus}))
-    try:
-        yield
-    finally:
-        if before is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.write_text(before)
+    return twin_setting("quotas.json", {STANDARD_VCPUS: vcpus})
 
 
 def scale_config(subnet_id: str, nodes: int, cluster: str) -> dict:

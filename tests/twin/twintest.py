@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import configparser
+import contextlib
 import functools
 import json
 import os
@@ -233,6 +234,22 @@ def wait_done(cluster: Twin, job: str, timeout: float = 120) -> None:
         lambda: "JobState=COMPLETED" in cluster.on("head", f"scontrol show job {job}").stdout,
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def twin_setting(name: str, values: dict):
+    """`values` merged into one of the EC2 twin's settings files (its state folder's quotas.json,
+    topology.json ...: twins/aws/control.py), what it held before put back after."""
+    path = Path(os.environ.get("CLUSTERBAKE_STATE_DIR", "/var/lib/clusterbake")) / "twins" / "aws" / name
+    before = path.read_text() if path.exists() else None
+    path.write_text(json.dumps({**json.loads(before or "{}"), **values}))
+    try:
+        yield
+    finally:
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(before)
 
 
 def elastic_cpu_group(max_count: int, instance_types: list[str]) -> tuple[list[dict], dict]:

@@ -333,3 +333,26 @@ def test_restart_digest_changes_exactly_when_slurmd_must_restart(new_conf, resta
 
 def test_first_config_needs_no_restart():
     assert filters.slurm_conf_restart_required("", BASE_CONF) is False
+
+
+def test_topology_conf_is_the_file_the_power_program_writes():
+    """The aws head's reconcile loop rewrites topology.conf with clusterbake.topology.render (role
+    slurm_power, network.py): byte for byte the template's, or every `cluster up` after it would
+    change the file and reconfigure slurmctld. topology.conf(5): `SwitchName=... Nodes=...` for a
+    leaf, `SwitchName=... Switches=...` above."""
+    from clusterbake.topology import render as render_topology
+    from clusterbake.topology import switches
+
+    paths = {"p5-1": ["nn-a", "nn-b1", "nn-c1"], "p5-2": ["nn-a", "nn-b1", "nn-c1"], "p5-4": ["nn-a", "nn-b2", "nn-c3"]}
+    lines = switches(paths, [f"p5-{i}" for i in range(1, 6)])
+    rendered = render("topology.conf.j2", CASES["local"], extra={"slurm_topology": lines})
+    assert rendered == render_topology(lines)
+    assert rendered.splitlines()[-7:] == [
+        "SwitchName=nn-c1 Nodes=p5-[1-2]",
+        "SwitchName=nn-c3 Nodes=p5-4",
+        "SwitchName=unplaced Nodes=p5-[3,5]",
+        "SwitchName=nn-a Switches=nn-b1,nn-b2",
+        "SwitchName=nn-b1 Switches=nn-c1",
+        "SwitchName=nn-b2 Switches=nn-c3",
+        "SwitchName=root Switches=nn-a,unplaced",
+    ]

@@ -104,3 +104,12 @@ def test_the_declared_layout_becomes_the_inventorys_switches(tmp_path):
 def test_a_layout_that_does_not_fit_the_cluster_names_what_is_wrong(tmp_path, layout, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(config_with(tmp_path, layout))
+
+
+def test_nodes_ec2_will_place_once_they_run_are_a_tree_before_any_runs():
+    """A p5 group with no instance running yet (all elastic, powered down): every node under `unplaced`,
+    so that slurm.conf has TopologyPlugin from the first `cluster up` and the head's reconcile loop
+    places them as they start (adding the plugin later would restart slurmctld)."""
+    assert switches({}, ["p5-2", "p5-1"], expected=True) == [{"name": "unplaced", "nodes": "p5-[1-2]"}]
+    assert switches({}, [], expected=True) == []
+    assert switches(PATHS, ["p5-1", "p5-9"], expected=True) == switches(PATHS, ["p5-1", "p5-9"])

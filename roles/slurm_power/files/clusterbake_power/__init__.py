@@ -21,7 +21,9 @@ runs it as SlurmUser. The name it is called by says what to do (slurm.conf(5)):
                                     after orphan_grace; a node left DOWN by a failed resume
                                     returns to service (idle~) after failed_node_cooldown; a
                                     static node whose machine is gone is set DOWN at once (its
-                                    jobs requeued) and started again (replace_lost_nodes).
+                                    jobs requeued) and started again (replace_lost_nodes);
+                                    aws: topology.conf rewritten where the running compute
+                                    instances hang (module network), slurmctld reconfigured.
 
 /etc/clusterbake/power.json says how nodes are powered:
   {"provider": "local", "agent": "unix:///run/clusterbake-power-agent/agent.sock", "token_file": "...", ...}
@@ -31,7 +33,9 @@ runs it as SlurmUser. The name it is called by says what to do (slurm.conf(5)):
    "name_placeholder", "groups": {GROUP: {"launch_template": {"id", "version"},
    "instance_types": [...], "network_interfaces": {TYPE: [...]}, "user_data", "tags",
    "addresses": {NODE: ADDRESS}}}}, ...}
-  aws: EC2 with the head's instance role (providers/aws/iam.py, `clusterbake-<cluster>-head`).
+  aws: EC2 with the head's instance role (providers/aws/iam.py, `clusterbake-<cluster>-head`);
+  with "topology_file" the reconcile loop keeps that topology.conf where EC2 places the running
+  compute instances (module network).
   A node is one RunInstances from its group's launch template at its planned address;
   when EC2 has no capacity for a type (InsufficientInstanceCapacity, ...), the type is
   skipped for capacity_cooldown seconds (kept in the state file) and the next one is
@@ -52,5 +56,7 @@ Standard library only; the aws backend imports boto3 (python3-boto3) when it run
 
 Modules: core (the state file, the log, scontrol), cloud (what the cloud backends share: one
 launch loop over a group's types, the capacity cool-down), local, aws, azure (the backends),
-commands (the programs Slurm calls, and main). The entry point is ../clusterbake-power.
+network (topology.conf from EC2's instance topology), topology (the controller's own
+clusterbake.topology, installed from it), commands (the programs Slurm calls, and main). The
+entry point is ../clusterbake-power.
 """

@@ -28,6 +28,7 @@ FILTER_VALUES = 200  # values of one DescribeInstances filter
 LAUNCH_SETTLE = 60.0
 LAUNCH_POLL = 2.0
 TERMINATE_AT_ONCE = 500  # instance ids of one TerminateInstances
+TOPOLOGY_AT_ONCE = 100  # instance ids of one DescribeInstanceTopology
 
 
 def error_code(exc: BaseException) -> str:
@@ -74,6 +75,7 @@ class AwsBackend(CloudBackend):
         self.aws = self.settings
         self.capacity_errors = frozenset(self.aws["capacity_errors"])
         self._client = client
+        self._listed: list[dict] | None = None  # running_nodes()' instances, for the topology of the same pass
 
     @property
     def client(self):
@@ -141,7 +143,42 @@ class AwsBackend(CloudBackend):
         return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == "clusterbake:name"), None)
 
     def running_nodes(self) -> set[str]:
-        return {n for i in self.instances(states=("pending", "running")) if (n := self.name_of(i))}
+        self._listed = self.instances(states=("pending", "running"))
+        return {n for i in self._listed if (n := self.name_of(i))}
+
+    # --- where they hang (clusterbake_power.network) ---------------------------------
+
+    def running_instance_ids(self, nodes: list[str]) -> dict[str, str]:
+        """The running instance of each of `nodes` that has one: name -> instance id (those running_nodes()
+        listed in this pass, else listed now)."""
+        listed = self._listed if self._listed is not None else self.instances(states=("running",))
+        wanted = set(nodes)
+        return {
+            name: i["InstanceId"]
+            for i in listed
+            if i["State"]["Name"] == "running" and (name := self.name_of(i)) in wanted
+        }
+
+    def network_paths(self, running: dict[str, str]) -> dict[str, list[str]]:
+        """Where each of the `running` instances hangs (name -> DescribeInstanceTopology's NetworkNodes, top
+        first); EC2 leaves out the types it documents no topology for."""
+        names = {instance_id: name for name, instance_id in running.items()}
+        ids = sorted(names)
+        paths: dict[str, list[str]] = {}
+        for start in range(0, len(ids), TOPOLOGY_AT_ONCE):
+            token = None
+            while True:
+                extra = {"NextToken": token} if token else {}
+                page = self._call(
+                    "describe_instance_topology", InstanceIds=ids[start : start + TOPOLOGY_AT_ONCE], **extra
+                )
+                for entry in page.get("Instances", []):
+                    if entry.get("InstanceId") in names:
+                        paths[names[entry["InstanceId"]]] = list(entry.get("NetworkNodes", []))
+                token = page.get("NextToken")
+                if not token:
+                    break
+        return paths
 
     # --- power ---------------------------------------------------------------------
 

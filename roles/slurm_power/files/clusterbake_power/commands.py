@@ -12,7 +12,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from . import core
+from . import core, network
 from .aws import AwsBackend
 from .azure import AzureBackend
 from .core import CONFIG, LOST, RESUME_FAILED, PowerError, log, read_state, update_state
@@ -114,8 +114,9 @@ def _since_seconds(stamp: str) -> float | None:
 
 
 def reconcile(config: dict) -> int:
-    """One pass: orphans stopped after orphan_grace, failed resumes back in service after the cool-down.
-    Only on the head whose slurmctld is in control (a backup controller's timer runs too)."""
+    """One pass: orphans stopped after orphan_grace, failed resumes back in service after the cool-down,
+    lost static nodes replaced, topology.conf where the instances are (aws: module network). Only on
+    the head whose slurmctld is in control (a backup controller's timer runs too)."""
     if not core.in_control():
         return 0
     states = node_states()
@@ -156,6 +157,7 @@ def reconcile(config: dict) -> int:
                 core.scontrol("update", f"NodeName={name}", "State=RESUME")
     lost = replace_lost_nodes(config, states, power, running, memory.get("lost", {}), now)
     update_state(lambda kept: kept.update(orphans=orphans_seen, lost=lost))
+    network.refresh(config, power, now)
     return 0
 
 

@@ -98,6 +98,11 @@ def expand(hostlist: str) -> list[str]:
     return scontrol("show", "hostnames", hostlist).split()
 
 
+def compress(names: list[str]) -> str:
+    """`names` as one sorted hostlist, as python-hostlist's collect_hostlist writes it (module topology)."""
+    return scontrol("show", "hostlistsorted", ",".join(names)).strip()
+
+
 def set_down(config: dict, nodes: list[str], reason: str) -> None:
     if nodes:
         scontrol("update", f"NodeName={','.join(nodes)}", "State=DOWN", f"Reason={reason[:250]}")

@@ -83,6 +83,22 @@ def machines_of(instances: dict[str, dict]) -> dict[str, Machine]:
 
 
 TOPOLOGY_BATCH = 100  # DescribeInstanceTopology's most InstanceIds per call
+# The instance types EC2 gives a topology for (the EC2 User Guide, "Amazon EC2 instance topology",
+# prerequisites): 3 network nodes, 4 for p6-b200 and p6-b300. "x." is the family's every size.
+THREE_LEVELS = (
+    "g6e.", "g7e.", "hpc6a.48xlarge", "hpc6id.32xlarge", "hpc7g.", "hpc7a.", "hpc8a.96xlarge", "p3dn.24xlarge",
+    "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p6e-gb200.36xlarge",
+    "trn1.", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge",
+)  # fmt: skip
+FOUR_LEVELS = ("p6-b200.48xlarge", "p6-b300.48xlarge")
+
+
+def topology_levels(instance_type: str) -> int:
+    """How many network nodes EC2 returns for an instance of the type; 0: it gives the type no topology."""
+    if instance_type in FOUR_LEVELS:
+        return 4
+    listed = (instance_type == t or (t.endswith(".") and instance_type.startswith(t)) for t in THREE_LEVELS)
+    return 3 if any(listed) else 0
 
 
 def network_paths(client, named: dict[str, dict], nodes: list[str]) -> dict[str, list[str]]:

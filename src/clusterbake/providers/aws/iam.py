@@ -35,8 +35,8 @@ launches and terminates the elastic nodes. Its inline policy `clusterbake-head`
   RunInstances creates them (condition `ec2:CreateAction`): the tags of the launch;
 - `ec2:TerminateInstances` on instances tagged `clusterbake:cluster=<cluster>` (condition
   `ec2:ResourceTag/clusterbake:cluster`);
-- `ec2:DescribeInstances` and `ec2:DescribeInstanceStatus` (no resource-level permissions
-  in EC2: `*`);
+- `ec2:DescribeInstances`, `ec2:DescribeInstanceStatus` and `ec2:DescribeInstanceTopology` (where
+  the running compute instances hang, for topology.conf) (no resource-level permissions in EC2: `*`);
 - `iam:PassRole` of the node role only (a template names its profile; the head cannot
   launch anything with its own, stronger role);
 - `secretsmanager:GetSecretValue` on the cluster's secrets, and `kms:Decrypt` of
@@ -323,7 +323,7 @@ def head_policy(cluster: str, region: str, account: str, launches: HeadLaunches)
         {
             "Sid": "SeeInstances",
             "Effect": "Allow",
-            "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus"],
+            "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "ec2:DescribeInstanceTopology"],
             "Resource": "*",
         },
         {

@@ -675,11 +675,16 @@ class AwsProvider(CloudProvider):
         # topology.conf from where EC2 says the compute nodes hang; those it has no answer for (other types,
         # not running) under `unplaced` (clusterbake.topology).
         compute = self.config.compute_node_names()
-        if paths := discover.network_paths(self.client, named, compute):
-            try:
-                extra["clusterbake_topology"] = switches(paths, compute)
-            except TopologyError as error:  # not a tree: Slurm would refuse it; place jobs without it
-                say(f"    warning: EC2's instance topology makes no tree ({error}): no topology.conf")
+        # A group of a type EC2 places (p5, trn2 ...): topology.conf from the first `cluster up`, every node
+        # under `unplaced` until its instance runs; the head's reconcile loop places them as they start
+        # (role slurm_power, network.py), without the restart of slurmctld that adding TopologyPlugin takes.
+        expected = any(discover.topology_levels(t) for g in self.config.node_groups for t in g.types)
+        paths = discover.network_paths(self.client, named, compute)
+        try:
+            if topology := switches(paths, compute, expected=expected):
+                extra["clusterbake_topology"] = topology
+        except TopologyError as error:  # not a tree: Slurm would refuse it; place jobs without it
+            say(f"    warning: EC2's instance topology makes no tree ({error}): no topology.conf")
         if any(g.elastic for g in self.config.node_groups) or self.config.recovery.replace_lost_nodes:
             extra |= {"slurm_power_provider": "aws", "slurm_power_aws": self._power_vars(addresses, infos)}
         planned = {n.name: self._planned_host_vars(n) for n in self.nodes if n.name not in named}

@@ -8,7 +8,8 @@ answer without an error. InstanceIds (at most 100), Filters instance-type and
 availability-zone, MaxResults (5 to 100; not with InstanceIds) and NextToken.
 
 Where instances hang is the twin's declared layout: the file $MOTO_TOPOLOGY_FILE
-({"per_leaf": 4, "leaves_per_spine": 2}; default 16 and 4) deals a zone's supported instances, in
+({"per_leaf": 4, "leaves_per_spine": 2}; default 16 and 4; "stand_in_types": small types answered
+as a p5 is, for tests whose nodes are containers, see levels()) deals a zone's supported instances, in
 the order the twin first saw them running, onto leaves of `per_leaf`, spines of
 `leaves_per_spine` leaves, one top per zone. A real zone's layout is EC2's own: this one is for
 tests (whether nodes land under one leaf), not a model of AWS's network.
@@ -23,25 +24,20 @@ from moto.core.responses import ActionResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
 
+from clusterbake.providers.aws.discover import topology_levels
 from clusterbake.twins.aws.filters import matches
 
-THREE_LEVELS = (
-    "g6e.", "g7e.", "hpc6a.48xlarge", "hpc6id.32xlarge", "hpc7g.", "hpc7a.", "hpc8a.96xlarge", "p3dn.24xlarge",
-    "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p6e-gb200.36xlarge",
-    "trn1.", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge",
-)  # fmt: skip
-FOUR_LEVELS = ("p6-b200.48xlarge", "p6-b300.48xlarge")
 DEFAULT_LAYOUT = {"per_leaf": 16, "leaves_per_spine": 4}
 # (account, region) -> zone -> instance ids in the order they were first seen running.
 _SEEN: dict[tuple[str, str], dict[str, list[str]]] = {}
 
 
-def levels(instance_type: str) -> int:
-    """How many network nodes EC2 returns for the type; 0: the type has no topology."""
-    if instance_type in FOUR_LEVELS:
-        return 4
-    listed = (instance_type == t or (t.endswith(".") and instance_type.startswith(t)) for t in THREE_LEVELS)
-    return 3 if any(listed) else 0
+def levels(instance_type: str, declared: dict) -> int:
+    """How many network nodes the twin returns for the type (EC2's documented types; 0: no topology),
+    and 3 for the layout's `stand_in_types`: small types a test's nodes can be (a container has this
+    machine's 2 CPUs, not a p5's 192) answered as EC2 answers for a p5. EC2 itself answers for none
+    of them."""
+    return topology_levels(instance_type) or (3 if instance_type in declared.get("stand_in_types", ()) else 0)
 
 
 def layout() -> dict:
@@ -72,11 +68,15 @@ def describe_instance_topology(self: EC2Response) -> ActionResult:
         raise EC2ClientError("InvalidParameterValue", "MaxResults must be between 5 and 100.")
     filters = self._filters_from_querystring()
     seen = _SEEN.setdefault((self.current_account, self.region), {})
+    declared = layout()
     running = sorted(
-        (i for i in self.ec2_backend.all_instances() if i._state.name == "running" and levels(i.instance_type)),
+        (
+            i
+            for i in self.ec2_backend.all_instances()
+            if i._state.name == "running" and levels(i.instance_type, declared)
+        ),
         key=lambda i: (str(i.launch_time), i.id),
     )
-    declared = layout()
     zone_ids = {z.name: z.zone_id for z in self.ec2_backend.describe_availability_zones()}
     answer = []
     for instance in running:
@@ -87,7 +87,9 @@ def describe_instance_topology(self: EC2Response) -> ActionResult:
         entry = {
             "InstanceId": instance.id,
             "InstanceType": instance.instance_type,
-            "NetworkNodes": network_nodes(zone, order.index(instance.id), levels(instance.instance_type), declared),
+            "NetworkNodes": network_nodes(
+                zone, order.index(instance.id), levels(instance.instance_type, declared), declared
+            ),
             "AvailabilityZone": zone,
             "ZoneId": zone_ids.get(zone, ""),
         }

@@ -1,0 +1,1 @@
+../../../../src/clusterbake/topology.py
