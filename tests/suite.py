@@ -3,9 +3,10 @@
 1. The images the node tests boot build in the background: the suite's, then each twin's as a
    layer of its cloud on the suite's (build/test-images.log).
 2. Meanwhile the node-less tests run on every core (pytest-xdist, a worker per file).
-3. The node tests run in lanes, a pytest run each, side by side; a lane starts once the
-   node-less tests are done and the images it boots are built. A module that changes the host
-   under every cluster (SOLO) runs alone after them.
+3. A module that changes the host under every cluster (EARLY) runs once every image is built,
+   beside the rest of the node-less tests and before any other node boots. Then the node tests
+   run in lanes, a pytest run each, side by side; a lane starts once the node-less tests and the
+   early modules are done and the images it boots are built.
 4. build/test-times.json: each phase, lane, module, fixture and cluster boot with its seconds
    (tests/timetable.py records them), and the table printed at the end.
 
@@ -73,18 +74,21 @@ LANES: dict[str, list[str]] = {
         "tests/integration/test_security.py",
         "tests/integration/test_image.py",
     ],
+    # test_controller_ha before the lanes' ends: its takeover is timed against SlurmctldTimeout, and
+    # the aws-twin lane ends with test_aws_scale's 32 node boots.
     "faults": [
         "tests/integration/test_faults.py",
+        "tests/integration/test_controller_ha.py",
         "tests/integration/test_gpu.py",
         "tests/integration/test_monitoring.py",
         "tests/integration/test_bad_input.py",
-        "tests/integration/test_controller_ha.py",
     ],
     "aws-twin": [
         "tests/twin/test_aws_twin.py",
         "tests/twin/test_aws_elastic.py",
         "tests/twin/test_imds_hop_limit.py",
         "tests/integration/test_elastic.py",
+        "tests/twin/test_aws_scale.py",
     ],
     "azure-twin": [
         "tests/twin/test_azure_elastic.py",
@@ -99,10 +103,11 @@ LANES: dict[str, list[str]] = {
 LEADING_LANE = "shared"
 # A module no lane names yet runs here (every test cluster has a bridge and subnet of its own).
 DEFAULT_LANE = "faults"
-# Alone, after the lanes: test_many_nodes sets the host's inotify limit to Debian's default, which
-# every node's boot on the host uses; test_aws_scale boots 32 twin nodes at once, which beside the
-# lanes starved their timed windows (a spot notice's 45 s) on 2 cores.
-SOLO = ["tests/integration/test_many_nodes.py", "tests/twin/test_aws_scale.py"]
+# Before the lanes, beside the node-less tests, once every image is built (an image build boots its
+# root file system in a container too): test_many_nodes sets the host's inotify limit to Debian's
+# default, which every node's boot on the host uses. Its 33 boots are cheaper there than alone after
+# the lanes, where the machine idled while they ran (build/test-times.json, CPU sampled per second).
+EARLY = ["tests/integration/test_many_nodes.py"]
 
 
 def node_modules() -> list[str]:
@@ -116,21 +121,21 @@ def lane_images(modules: list[str]) -> tuple[str, ...]:
 
 
 def plan_lanes(modules: list[str]) -> tuple[list[Lane], list[Lane]]:
-    """The side-by-side lanes and the solo ones: every module in exactly one, none that is not there."""
-    unknown = sorted(({m for ms in LANES.values() for m in ms} | set(SOLO)) - set(modules))
+    """The side-by-side lanes and the early ones: every module in exactly one, none that is not there."""
+    unknown = sorted(({m for ms in LANES.values() for m in ms} | set(EARLY)) - set(modules))
     if unknown:
         raise SystemExit(f"tests/suite.py names modules that do not exist: {', '.join(unknown)}")
     placed = {m: lane for lane, ms in LANES.items() for m in ms}
     lanes = {name: Lane(name, []) for name in LANES}
     for module in modules:
-        if module not in SOLO and module not in placed:
+        if module not in EARLY and module not in placed:
             lanes[DEFAULT_LANE].modules.append(module)
     for name, listed in LANES.items():
         lanes[name].modules[:0] = listed
     for lane in lanes.values():
         lane.images = lane_images(lane.modules)
-    solo = [Lane(f"solo-{Path(m).stem}", [m], images=lane_images([m])) for m in SOLO]
-    return [lane for lane in lanes.values() if lane.modules], solo
+    early = [Lane(f"early-{Path(m).stem}", [m], images=tuple(IMAGES)) for m in EARLY]
+    return [lane for lane in lanes.values() if lane.modules], early
 
 
 def say(line: str) -> None:
@@ -288,14 +293,18 @@ def main(argv: list[str] | None = None) -> int:
             {"name": name, "start": round(start - started, 1), "seconds": round(time.time() - start, 1), **extra}
         )
 
-    lanes, solo = plan_lanes(node_modules())
+    lanes, early = plan_lanes(node_modules())
     images = Images(BUILD / "test-images.log")
     if not args.no_node:
         say(f"==> the node tests' images build in the background; log: {images.log}")
         images.thread.start()
-    offline_done = threading.Event()
-    node = threading.Thread(target=run_lanes, args=(lanes, images, offline_done))
+    at_once = threading.Event()
+    at_once.set()
+    lanes_ready = threading.Event()  # the node-less tests and the early modules done
+    first = threading.Thread(target=lambda: [run_lane(lane, images, at_once) for lane in early])
+    node = threading.Thread(target=run_lanes, args=(lanes, images, lanes_ready))
     if not args.no_node:
+        first.start()
         node.start()
     if not args.no_offline:
         start = time.time()
@@ -303,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         result = subprocess.run([*argv, "--durations=20", *OFFLINE_TESTS], cwd=REPO, env=environment())
         status |= result.returncode
         phase("node-less tests (xdist)", start, times="offline.json")
-    offline_done.set()
+    if not args.no_node:
+        first.join()
+    lanes_ready.set()
     if not args.no_node:
         images.thread.join()
         note = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in images.seconds.items())
@@ -319,9 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"==> image builds failed: {', '.join(images.failed)}; end of {images.log}:")
             say("\n".join(images.log.read_text(errors="replace").splitlines()[-40:]))
         node.join()
-        for lane in solo:
-            run_lane(lane, images, offline_done)
-        for lane in lanes + solo:
+        for lane in early + lanes:
             phases.append(
                 {
                     "name": f"lane {lane.name}",

@@ -176,7 +176,7 @@ def test_a_job_powers_both_nodes_up_through_the_heads_resume_program(elastic):
     # file `cluster up` would write (the head's `scontrol show hostlistsorted` compressing as
     # python-hostlist does), and slurmctld reads it.
     wait_for("cpu-1, cpu-2 placed", lambda: _leaves(elastic)["cpu-2"] != "unplaced" != _leaves(elastic)["cpu-1"],
-             timeout=60)  # fmt: skip
+             timeout=60, describe=lambda: head(elastic, POWER_LOG).stdout[-3000:])  # fmt: skip
     assert head(elastic, "cat /etc/slurm/topology.conf").stdout == _placed_as_the_controller_would(elastic)
     wait_done(elastic, job)
     assert sorted(head(elastic, "cat /shared/up.out").stdout.split()) == list(NODES)

@@ -19,10 +19,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_node_test_module_runs_in_exactly_one_lane():
-    lanes, solo = suite.plan_lanes(suite.node_modules())
-    placed = [m for lane in lanes + solo for m in lane.modules]
+    lanes, early = suite.plan_lanes(suite.node_modules())
+    placed = [m for lane in lanes + early for m in lane.modules]
     assert sorted(placed) == suite.node_modules()
     assert len(placed) == len(set(placed))
+
+
+def test_the_early_modules_wait_for_every_image_and_run_in_no_lane():
+    """An early module changes the host under every node boot (test_many_nodes: the inotify limit): it
+    starts once no image build boots a container any more, and no lane runs beside it."""
+    lanes, early = suite.plan_lanes(suite.node_modules())
+    assert [lane.modules for lane in early] == [[m] for m in suite.EARLY]
+    assert all(lane.images == tuple(suite.IMAGES) for lane in early)
+    assert not set(suite.EARLY) & {m for lane in lanes for m in lane.modules}
 
 
 def test_a_module_no_lane_names_runs_in_the_default_lane():

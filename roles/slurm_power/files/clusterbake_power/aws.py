@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 from .cloud import CloudBackend
 from .core import PowerError, log
@@ -64,6 +65,20 @@ def retryable(exc: BaseException, capacity_errors: frozenset[str]) -> bool:
     return code in THROTTLING or code in TRANSIENT or (status >= 500 and bool(code) and code not in capacity_errors)
 
 
+# EC2 operations the distribution's botocore may lack (DescribeInstanceTopology: Debian 12 has
+# botocore 1.29, which predates it), merged into its model from role slurm_power's sdk-extras
+# file (clusterbake.providers.aws.botocore_extras), installed beside this package.
+BOTOCORE_DATA = Path(__file__).resolve().parent.parent / "botocore-data"
+
+
+def botocore_session():
+    import botocore.session
+
+    session = botocore.session.get_session()
+    session.get_component("data_loader").search_paths.append(str(BOTOCORE_DATA))
+    return session
+
+
 class AwsBackend(CloudBackend):
     """Elastic nodes as EC2 instances, launched and terminated with the head's instance role."""
 
@@ -87,7 +102,7 @@ class AwsBackend(CloudBackend):
                 raise PowerError(f"the aws power backend needs boto3 (python3-boto3): {exc}") from None
             # botocore's retries off: a capacity error must reach the fallover at once (and EC2
             # sends InsufficientInstanceCapacity as HTTP 500, which botocore would retry).
-            self._client = boto3.session.Session().client(
+            self._client = boto3.session.Session(botocore_session=botocore_session()).client(
                 "ec2",
                 region_name=self.aws["region"],
                 endpoint_url=self.aws.get("endpoint_url") or None,
