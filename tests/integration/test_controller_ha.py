@@ -24,6 +24,7 @@ from clusterbake.nspawn import machines
 pytestmark = pytest.mark.integration
 CONFIG = Path(__file__).with_name("ha.yaml")
 CONTROLLER_TIMEOUT = 10  # ha.yaml's head.controller_timeout (SlurmctldTimeout)
+STATE_SAVE = "/srv/clusterbake/controller/slurmctld"  # the StateSaveLocation both heads mount
 # Whether this head's reconcile loop acts: role slurm_power's own test of control.
 IN_CONTROL = (
     'python3 -c \'import sys; sys.path.insert(0, "/usr/local/lib/clusterbake"); '
@@ -98,7 +99,12 @@ def kill_head() -> None:
 def test_the_backup_takes_control_when_the_primary_dies_mid_job(ha_cluster):
     job = submit("head-2", 2, "srun sleep 40; srun hostname")
     assert poll(lambda: job_state("head-2", job) == "RUNNING", 60), job_state("head-2", job)
-    time.sleep(3)  # slurmctld saves a started job's state within a few seconds; then it dies
+    # The backup starts from the state the primary saved last: it dies once it has saved the job
+    # running (slurmctld saves within seconds of a change; a fixed 3 s wait was too short once, on
+    # 2 cores under the suite's four lanes, and the backup found the job PENDING).
+    running_at = float(hon("head", "date +%s.%N").stdout)
+    saved = f"stat -c %.9Y {STATE_SAVE}/job_state"
+    assert poll(lambda: float(hon("head", saved).stdout) > running_at, 60, 0.5), "no state saved after the start"
     kill_head()
     killed = time.monotonic()
     took_over = poll(lambda: ping("head-2") == {"head": "DOWN", "head-2": "UP"} and job_state("head-2", job), 120, 1)

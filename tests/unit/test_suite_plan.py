@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_node_test_module_runs_in_exactly_one_lane():
-    lanes, early = suite.plan_lanes(suite.node_modules())
-    placed = [m for lane in lanes + early for m in lane.modules]
+    lanes, early, solo = suite.plan_lanes(suite.node_modules())
+    placed = [m for lane in lanes + early + solo for m in lane.modules]
     assert sorted(placed) == suite.node_modules()
     assert len(placed) == len(set(placed))
 
@@ -28,19 +28,19 @@ def test_every_node_test_module_runs_in_exactly_one_lane():
 def test_the_early_modules_wait_for_every_image_and_run_in_no_lane():
     """An early module changes the host under every node boot (test_many_nodes: the inotify limit): it
     starts once no image build boots a container any more, and no lane runs beside it."""
-    lanes, early = suite.plan_lanes(suite.node_modules())
+    lanes, early, _ = suite.plan_lanes(suite.node_modules())
     assert [lane.modules for lane in early] == [[m] for m in suite.EARLY]
     assert all(lane.images == tuple(suite.IMAGES) for lane in early)
     assert not set(suite.EARLY) & {m for lane in lanes for m in lane.modules}
 
 
 def test_a_module_no_lane_names_runs_in_the_default_lane():
-    lanes, _ = suite.plan_lanes([*suite.node_modules(), "tests/integration/test_new.py"])
+    lanes, _, _ = suite.plan_lanes([*suite.node_modules(), "tests/integration/test_new.py"])
     assert "tests/integration/test_new.py" in {lane.name: lane for lane in lanes}[suite.DEFAULT_LANE].modules
 
 
 def test_each_twins_modules_share_one_lane_with_its_image():
-    lanes, _ = suite.plan_lanes(suite.node_modules())
+    lanes, _, _ = suite.plan_lanes(suite.node_modules())
     for cloud in ("aws", "azure"):
         holding = [lane for lane in lanes if any(m.startswith(f"tests/twin/test_{cloud}") for m in lane.modules)]
         assert len(holding) == 1, cloud
@@ -60,7 +60,7 @@ def test_the_modules_of_the_shared_local_cluster_share_one_lane():
             ):
                 users.add(str(path.relative_to(REPO)))
     assert len(users) >= 3, users
-    lanes, _ = suite.plan_lanes(suite.node_modules())
+    lanes, _, _ = suite.plan_lanes(suite.node_modules())
     assert [lane.name for lane in lanes if users & set(lane.modules)] == ["shared"]
 
 
