@@ -107,7 +107,7 @@ DEFAULT_LANE = "faults"
 # Before the lanes, beside the node-less tests, once every image is built (an image build boots its
 # root file system in a container too): test_many_nodes sets the host's inotify limit to Debian's
 # default, which every node's boot on the host uses. Its 33 boots are cheaper there than alone after
-# the lanes, where the machine idled while they ran (build/test-times.json, CPU sampled per second).
+# the lanes, where the machine idled partly while they ran (vmstat over a whole `make test`).
 EARLY = ["tests/integration/test_many_nodes.py"]
 # Alone, after the lanes: test_aws_scale boots 32 twin nodes at once, which beside the lanes starved
 # their timed windows (a spot notice's 45 s; at the end of the EC2 twin's lane, test_ops' munge key

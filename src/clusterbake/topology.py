@@ -8,7 +8,7 @@ it, node names hostlist-compressed; `--switches=N` jobs then get nodes under N l
 The power program on an aws head ships this module as its own (role slurm_power) and rewrites
 topology.conf with it when compute instances start or stop: it has no python-hostlist there (not in
 Debian 12 nor Ubuntu), and compresses with `scontrol show hostlistsorted` instead (`compress`).
-The file it writes is the one role slurm's template writes (`render`; tests/unit/test_topology.py
+The file it writes is the one role slurm's template writes (`render`; tests/unit/test_slurm_conf.py
 holds them equal), so that the next `cluster up` finds nothing to change.
 """
 

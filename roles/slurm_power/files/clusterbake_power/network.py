@@ -29,9 +29,9 @@ def _digest(text: str) -> str:
 def refresh(config: dict, power, now: float) -> None:
     """Rewrite topology.conf (power.json's `topology_file`; none: the cluster has no topology) from
     where `power`'s running compute instances hang; slurmctld reconfigured when it changed."""
-    path = Path(config.get("topology_file") or "")
     if not config.get("topology_file") or not hasattr(power, "network_paths"):
         return
+    path = Path(config["topology_file"])
     nodes = sorted(config["static_nodes"] + config["elastic_nodes"])
     running = power.running_instance_ids(nodes)
     current = path.read_text() if path.exists() else ""

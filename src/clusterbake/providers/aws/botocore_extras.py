@@ -7,7 +7,7 @@ merges `<service>/<api-version>/service-2.sdk-extras.json` found on its search p
 service's model, so role slurm_power ships that file with the operation and the shapes it uses,
 taken from the controller's pinned botocore (the vendor's model, documentation left out) and
 renamed with a prefix so that they cannot clash with an older model's shapes (shape names are not
-on the wire; member and location names are). tests/unit/test_botocore_extras.py keeps the
+on the wire; member and location names are). tests/aws/test_botocore_extras.py keeps the
 shipped file equal to this function's output and drives an old model with it.
 """
 
