@@ -105,14 +105,14 @@ LEADING_LANE = "shared"
 # A module no lane names yet runs here (every test cluster has a bridge and subnet of its own).
 DEFAULT_LANE = "faults"
 # Before the lanes, beside the node-less tests, once every image is built (an image build boots its
-# root file system in a container too): test_many_nodes sets the host's inotify limit to Debian's
-# default, which every node's boot on the host uses. Its 33 boots are cheaper there than alone after
-# the lanes, where the machine idled partly while they ran (vmstat over a whole `make test`).
-EARLY = ["tests/integration/test_many_nodes.py"]
-# Alone, after the lanes: test_aws_scale boots 32 twin nodes at once, which beside the lanes starved
-# their timed windows (a spot notice's 45 s; at the end of the EC2 twin's lane, test_ops' munge key
-# rotation, whose job did not end within 180 s).
-SOLO = ["tests/twin/test_aws_scale.py"]
+# root file system in a container too), one after the other: test_many_nodes sets the host's inotify
+# limit to Debian's default, which every node's boot on the host uses; test_aws_scale boots 32 twin
+# nodes at once, which beside the lanes starved their timed windows (a spot notice's 45 s; test_ops'
+# munge key rotation, whose job did not end within 180 s). Both were cheaper here than alone after
+# the lanes, where the machine idled two thirds of their time (vmstat over a whole `make test`).
+EARLY = ["tests/integration/test_many_nodes.py", "tests/twin/test_aws_scale.py"]
+# Alone, after the lanes (none now).
+SOLO: list[str] = []
 
 
 def node_modules() -> list[str]:

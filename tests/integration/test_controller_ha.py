@@ -87,6 +87,16 @@ def test_both_heads_run_slurmctld_the_primary_in_control(ha_cluster):
     assert hon("head-2", "systemctl is-active slurmdbd mariadb", check=False).stdout.split() == ["inactive"] * 2
 
 
+def slurm_logs(job: str) -> str:
+    """What the controller and the job's nodes logged, for a failure's message: why a job stalled after
+    the failover is in them and nowhere else once the cluster is gone."""
+    logs = [hon("head-2", f"scontrol show job {job}", check=False).stdout]
+    for node, log in (("head-2", "slurmctld"), ("cpu-1", "slurmd"), ("cpu-2", "slurmd")):
+        tail = hon(node, f"tail -n 60 /var/log/slurm/{log}.log", check=False).stdout
+        logs.append(f"--- {node} {log}.log (last 60 lines)\n{tail}")
+    return "\n".join(logs)
+
+
 def kill_head() -> None:
     """The primary dies as a machine does: its init SIGKILLed, no shutdown, nothing told."""
     machine = "cb-citha-head"
@@ -97,14 +107,19 @@ def kill_head() -> None:
 
 
 def test_the_backup_takes_control_when_the_primary_dies_mid_job(ha_cluster):
-    job = submit("head-2", 2, "srun sleep 40; srun hostname")
-    assert poll(lambda: job_state("head-2", job) == "RUNNING", 60), job_state("head-2", job)
-    # The backup starts from the state the primary saved last: it dies once it has saved the job
-    # running (slurmctld saves within seconds of a change; a fixed 3 s wait was too short once, on
-    # 2 cores under the suite's four lanes, and the backup found the job PENDING).
-    running_at = float(hon("head", "date +%s.%N").stdout)
+    # Its first step runs until the test lets it go (after the takeover), so the backup must find it
+    # running whatever the machine's load (with a fixed 40 s sleep it once found the job COMPLETING).
+    job = submit("head-2", 2, 'srun sh -c "until [ -e ha-go-$SLURM_JOB_ID ]; do sleep 1; done"; srun hostname')
+    # The backup starts from the state the primary saved last; what came after is lost. So the primary
+    # dies once the batch script runs (its first srun's step exists) and a save followed that. Under
+    # the suite's load, killed sooner: the backup found the job PENDING and started it again beside
+    # the copy still running (reproduced: "Duplicate jobid", the node drained, the job held), and
+    # once the job stayed RUNNING past 120 s.
+    first_step = f"scontrol show step -o {job}.0"
+    assert poll(lambda: "StepId=" in hon("head", first_step, check=False).stdout, 60, 0.5), job_state("head", job)
+    stepped_at = float(hon("head", "date +%s.%N").stdout)
     saved = f"stat -c %.9Y {STATE_SAVE}/job_state"
-    assert poll(lambda: float(hon("head", saved).stdout) > running_at, 60, 0.5), "no state saved after the start"
+    assert poll(lambda: float(hon("head", saved).stdout) > stepped_at, 60, 0.5), "no state saved after the step"
     kill_head()
     killed = time.monotonic()
     took_over = poll(lambda: ping("head-2") == {"head": "DOWN", "head-2": "UP"} and job_state("head-2", job), 120, 1)
@@ -113,11 +128,12 @@ def test_the_backup_takes_control_when_the_primary_dies_mid_job(ha_cluster):
         f"the backup answered for the job {seconds:.0f} s after the primary died "
         f"(SlurmctldTimeout {CONTROLLER_TIMEOUT})"
     )
-    assert took_over == "RUNNING"  # the job survived in the shared state, on its nodes
+    assert took_over == "RUNNING", slurm_logs(job)  # the job survived in the shared state, on its nodes
     # The backup pings every SlurmctldTimeout/3 and takes control after SlurmctldTimeout of silence.
     assert seconds <= 3 * CONTROLLER_TIMEOUT
     assert hon("head-2", IN_CONTROL).stdout.strip() == "True"
-    assert poll(lambda: job_state("head-2", job) == "COMPLETED", 120, 1), job_state("head-2", job)
+    hon("head-2", f"runuser -u researcher -- touch /home/researcher/ha-go-{job}")
+    assert poll(lambda: job_state("head-2", job) == "COMPLETED", 120, 1), slurm_logs(job)
     assert sorted(hon("head-2", f"cat /home/researcher/ha-{job}.out").stdout.split()) == ["cpu-1", "cpu-2"]
     # The cluster works on the backup alone: a new job runs, the CLI finds the controller.
     second = submit("head-2", 1, "hostname")

@@ -24,29 +24,6 @@ def job_state(job_id: str) -> str:
     return match.group(1) if match else "GONE"
 
 
-def test_example_trains_across_two_nodes(cluster):
-    result = tcb(
-        "job", "submit", "deepspeed", "--nodes", "2", "--upload", str(REPO / "examples/deepspeed"),
-        "--job-name", "ci-example", "--wait", "--raw", "--", *TRAIN, "--steps", "12", "--checkpoint-every", "6",
-        timeout=900,
-    )  # fmt: skip
-    found = events(result.stdout)  # --raw: the event lines as the job wrote them
-    init = next(e for e in found if e["event"] == "init")
-    done = next(e for e in found if e["event"] == "done")
-    assert init["world_size"] == 2 and sorted(init["hosts"]) == ["cpu-1", "cpu-2"]
-    assert done["steps"] == 12
-    assert done["final_loss"] < done["first_loss"]
-    # The summary names the transport the collective library used.
-    assert "transport: gloo over TCP" in result.stdout
-    assert "[fabric tcp]" in result.stdout
-    job_id = re.search(r"submitted job (\d+)", result.stdout).group(1)
-    report = json.loads(tcb("job", "report", job_id, "--json").stdout)
-    assert report["transport"]["transport"] == "gloo-tcp" and not report["transport"]["mismatch"]
-    assert report["training"]["completed"] and report["training"]["world_size"] == 2
-    listing = on("cpu-1", "ls /shared/checkpoints/researcher/ci-example", config=CONFIG).stdout.split()
-    assert listing.count("latest") == 1
-
-
 def test_requeued_job_resumes_from_its_checkpoint(cluster):
     submitted = tcb(
         "job", "submit", "deepspeed", "--nodes", "2", "--upload", str(REPO / "examples/deepspeed"),
@@ -106,13 +83,32 @@ def test_bad_deepspeed_config_fails_clearly(cluster):
     assert "clusterbake: bad DeepSpeed config bad_ds.json" in result.stdout
 
 
-def test_make_job_prints_a_summary_and_fails_on_failure(cluster):
+def test_make_job_trains_across_two_nodes_reports_the_transport_and_fails_on_failure(cluster):
+    """`make job`, the README's main job (`job submit deepspeed --wait` on every compute node): its
+    summary, the job's own events and report, the checkpoint it leaves; non-zero when training fails.
+    (One training for both `make job` and the example: each costs the suite a DeepSpeed start per rank.)"""
     ok = run(["make", "job", f"CONFIG={CONFIG}", "STEPS=12", "JOB_NAME=ci-make-job"], timeout=900)
     assert re.search(r"training: 12 steps, loss [\d.]+ -> [\d.]+, \d+ tokens/s", ok.stdout)
     # A progress line per step, not the JSON the job writes (its output file keeps that).
     assert re.search(r"^(\[rank\d+\]: )?step 12: loss [\d.]+, [\d,]+ tokens/s, [\d.]+ s/step$", ok.stdout, re.M)
     assert "CLUSTERBAKE_EVENT" not in ok.stdout
     assert "nodes: cpu-1, cpu-2" in ok.stdout and "checkpoint: /shared/checkpoints/researcher/ci-make-job/" in ok.stdout
+    # The summary names the transport the collective library used.
+    assert "transport: gloo over TCP" in ok.stdout
+    assert "[fabric tcp]" in ok.stdout
+    submitted = re.search(r"submitted job (\d+) \(output: (\S+)\)", ok.stdout)
+    job_id, output = submitted.group(1), submitted.group(2)
+    found = events(on("head", f"cat {output}", config=CONFIG).stdout)
+    init = next(e for e in found if e["event"] == "init")
+    done = next(e for e in found if e["event"] == "done")
+    assert init["world_size"] == 2 and sorted(init["hosts"]) == ["cpu-1", "cpu-2"]
+    assert done["steps"] == 12
+    assert done["final_loss"] < done["first_loss"]
+    report = json.loads(tcb("job", "report", job_id, "--json").stdout)
+    assert report["transport"]["transport"] == "gloo-tcp" and not report["transport"]["mismatch"]
+    assert report["training"]["completed"] and report["training"]["world_size"] == 2
+    listing = on("cpu-1", "ls /shared/checkpoints/researcher/ci-make-job", config=CONFIG).stdout.split()
+    assert listing.count("latest") == 1
     failed = run(["make", "job", f"CONFIG={CONFIG}", "STEPS=0", "JOB_NAME=ci-make-job-bad"], check=False, timeout=600)
     assert failed.returncode != 0
 
