@@ -75,13 +75,11 @@ LANES: dict[str, list[str]] = {
         "tests/integration/test_security.py",
         "tests/integration/test_image.py",
     ],
-    # test_controller_ha last: its failover is timed against SlurmctldTimeout, and the lanes' end is
-    # the least loaded time (early in the lane, beside four lanes, the backup once found its job
-    # PENDING: the primary had not saved it running yet).
+    # test_controller_ha last: its takeover is timed against SlurmctldTimeout, and the lanes' end is
+    # the least loaded time. (test_monitoring moved to the EC2 twin's lane, the shortest: balance.)
     "faults": [
         "tests/integration/test_faults.py",
         "tests/integration/test_gpu.py",
-        "tests/integration/test_monitoring.py",
         "tests/integration/test_bad_input.py",
         "tests/integration/test_controller_ha.py",
     ],
@@ -90,6 +88,7 @@ LANES: dict[str, list[str]] = {
         "tests/twin/test_aws_elastic.py",
         "tests/twin/test_imds_hop_limit.py",
         "tests/integration/test_elastic.py",
+        "tests/integration/test_monitoring.py",
     ],
     "azure-twin": [
         "tests/twin/test_azure_elastic.py",
@@ -105,14 +104,14 @@ LEADING_LANE = "shared"
 # A module no lane names yet runs here (every test cluster has a bridge and subnet of its own).
 DEFAULT_LANE = "faults"
 # Before the lanes, beside the node-less tests, once every image is built (an image build boots its
-# root file system in a container too), one after the other: test_many_nodes sets the host's inotify
-# limit to Debian's default, which every node's boot on the host uses; test_aws_scale boots 32 twin
-# nodes at once, which beside the lanes starved their timed windows (a spot notice's 45 s; test_ops'
-# munge key rotation, whose job did not end within 180 s). Both were cheaper here than alone after
-# the lanes, where the machine idled two thirds of their time (vmstat over a whole `make test`).
-EARLY = ["tests/integration/test_many_nodes.py", "tests/twin/test_aws_scale.py"]
-# Alone, after the lanes (none now).
-SOLO: list[str] = []
+# root file system in a container too): test_many_nodes sets the host's inotify limit to Debian's
+# default, which every node's boot on the host uses. Its 33 boots are cheaper there than alone after
+# the lanes, where the machine idled partly while they ran (vmstat over a whole `make test`).
+EARLY = ["tests/integration/test_many_nodes.py"]
+# Alone, after the lanes: test_aws_scale boots 32 twin nodes at once, which beside the lanes starved
+# their timed windows (a spot notice's 45 s; at the end of the EC2 twin's lane, test_ops' munge key
+# rotation, whose job did not end within 180 s).
+SOLO = ["tests/twin/test_aws_scale.py"]
 
 
 def node_modules() -> list[str]:

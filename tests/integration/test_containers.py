@@ -173,13 +173,20 @@ def test_a_job_template_runs_in_the_image_over_the_same_transport_as_on_the_node
 
 def test_oci_conf_stays_where_slurmd_reads_it_and_a_step_it_lost_refuses_to_run_outside(imported):
     link = "/var/spool/slurmd/conf-cache/oci.conf"
-    # slurmd empties its conf-cache at each reconfigure: the path unit links oci.conf again.
+    # slurmd rewrites its conf-cache at each reconfigure, oci.conf among it (the controller's, a file
+    # renamed into place; the path unit links the node's own there too: the same text, whichever
+    # lands last). Asserted once slurmd has rewritten the cache's slurm.conf: oci.conf is then there
+    # with the node's text. (Looking for the link right after the reconfigure raced slurmd's rename.)
+    cached_at = lambda: on("cpu-1", "stat -c %.9Y /var/spool/slurmd/conf-cache/slurm.conf").stdout  # noqa: E731
+    before = float(cached_at())
     on("head", "scontrol reconfigure")
     deadline = time.monotonic() + 30
-    while on("cpu-1", f"test -L {link}", check=False).returncode != 0:
+    while float(cached_at()) <= before:
+        assert time.monotonic() < deadline, "slurmd did not rewrite its conf-cache"
+        time.sleep(0.5)
+    while on("cpu-1", f"cmp -s {link} /etc/slurm/oci.conf", check=False).returncode != 0:
         assert time.monotonic() < deadline, "oci.conf did not come back to slurmd's conf-cache"
         time.sleep(0.5)
-    assert on("cpu-1", f"readlink {link}").stdout.strip() == "/etc/slurm/oci.conf"
     # Without it Slurm 22.05 runs a --container step on the node itself: the templates refuse.
     nodes = ("cpu-1", "cpu-2")
     for node in nodes:
