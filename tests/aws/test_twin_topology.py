@@ -4,6 +4,7 @@ against moto_server, in the shape of the EC2 API reference and the user guide's 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from awstest import ZONE
@@ -30,7 +31,9 @@ def test_running_instances_of_supported_types_hang_where_the_declared_layout_put
         paths = [found[i]["NetworkNodes"] for i in p5]
         assert all(len(p) == 3 and p[0] == paths[0][0] for p in paths)  # one top per zone
         leaves = [p[-1] for p in paths]
-        assert len(set(leaves)) == 3 and leaves.count(leaves[0]) == 2  # at most 2 per leaf
+        # At most 2 per leaf. Which instance gets a leaf's lone slot depends on the zone's order (one
+        # call's instances share a launch time; ids then) and on what ran before on this twin.
+        assert sorted(Counter(leaves).values()) == [1, 2, 2], leaves
         assert len(found[b200[0]]["NetworkNodes"]) == 4
         assert found[p5[0]]["AvailabilityZone"] == ZONE and found[p5[0]]["InstanceType"] == "p5.48xlarge"
         assert found[p5[0]]["ZoneId"].startswith("use1-az")
