@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -17,3 +18,20 @@ def pytest_collection_modifyitems(items):
     """A test that ends a cluster or twin the run shares (marked ends_shared_cluster) runs after every
     other test of the run, whichever module it is in."""
     items.sort(key=lambda item: item.get_closest_marker("ends_shared_cluster") is not None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CLUSTERBAKE_REQUIRE_INTEGRATION (CI, `bash .ci/run`) a skipped test is a failure: a check
+    that did not run (a tool or module missing, not root) must not pass as one that did."""
+    outcome = yield
+    fail_a_skip(outcome.get_result(), os.environ)
+
+
+def fail_a_skip(report, environ) -> None:
+    if not report.skipped or hasattr(report, "wasxfail") or not environ.get("CLUSTERBAKE_REQUIRE_INTEGRATION"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    report.outcome = "failed"
+    report.longrepr = f"skipped ({reason}), and this run requires every test to run (CLUSTERBAKE_REQUIRE_INTEGRATION)"
