@@ -24,14 +24,12 @@ def pytest_collection_modifyitems(items):
 def pytest_runtest_makereport(item, call):
     """Under CLUSTERBAKE_REQUIRE_INTEGRATION (CI, `bash .ci/run`) a skipped test is a failure: a check
     that did not run (a tool or module missing, not root) must not pass as one that did."""
-    outcome = yield
-    fail_a_skip(outcome.get_result(), os.environ)
-
-
-def fail_a_skip(report, environ) -> None:
-    if not report.skipped or hasattr(report, "wasxfail") or not environ.get("CLUSTERBAKE_REQUIRE_INTEGRATION"):
+    report = (yield).get_result()
+    if not report.skipped or hasattr(report, "wasxfail") or not os.environ.get("CLUSTERBAKE_REQUIRE_INTEGRATION"):
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    reason = reason.removeprefix("Skipped: ")
     report.outcome = "failed"
-    report.longrepr = f"skipped ({reason}), and this run requires every test to run (CLUSTERBAKE_REQUIRE_INTEGRATION)"
+    report.longrepr = (
+        f"skipped ({reason.removeprefix('Skipped: ')}), and this run requires every test to run"
+        " (CLUSTERBAKE_REQUIRE_INTEGRATION)"
+    )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from localtest import CONFIG, cb, on
+from polling import poll
 
 from clusterbake.config import load_config
 from clusterbake.images.store import find_local_image
@@ -180,13 +181,9 @@ def test_oci_conf_stays_where_slurmd_reads_it_and_a_step_it_lost_refuses_to_run_
     cached_at = lambda: on("cpu-1", "stat -c %.9Y /var/spool/slurmd/conf-cache/slurm.conf").stdout  # noqa: E731
     before = float(cached_at())
     on("head", "scontrol reconfigure")
-    deadline = time.monotonic() + 30
-    while float(cached_at()) <= before:
-        assert time.monotonic() < deadline, "slurmd did not rewrite its conf-cache"
-        time.sleep(0.5)
-    while on("cpu-1", f"cmp -s {link} /etc/slurm/oci.conf", check=False).returncode != 0:
-        assert time.monotonic() < deadline, "oci.conf did not come back to slurmd's conf-cache"
-        time.sleep(0.5)
+    assert poll(lambda: float(cached_at()) > before, 30), "slurmd did not rewrite its conf-cache"
+    back = lambda: on("cpu-1", f"cmp -s {link} /etc/slurm/oci.conf", check=False).returncode == 0  # noqa: E731
+    assert poll(back, 30), "oci.conf did not come back to slurmd's conf-cache"
     # Without it Slurm 22.05 runs a --container step on the node itself: the templates refuse.
     nodes = ("cpu-1", "cpu-2")
     for node in nodes:

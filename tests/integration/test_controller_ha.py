@@ -74,9 +74,8 @@ def test_both_heads_run_slurmctld_the_primary_in_control(ha_cluster):
     assert ping("head-2") == {"head": "UP", "head-2": "UP"}
     # One StateSaveLocation that both see: what the primary saves, the backup reads (its heartbeat too,
     # which the backup checks before taking control).
-    state = "/srv/clusterbake/controller/slurmctld"
-    assert hon("head", f"stat -c %U:%a {state}").stdout.split() == ["slurm:700"]
-    listing = {node: hon(node, f"ls {state}").stdout.split() for node in ("head", "head-2")}
+    assert hon("head", f"stat -c %U:%a {STATE_SAVE}").stdout.split() == ["slurm:700"]
+    listing = {node: hon(node, f"ls {STATE_SAVE}").stdout.split() for node in ("head", "head-2")}
     assert listing["head"] == listing["head-2"] and "heartbeat" in listing["head"], listing
     # slurmd on the compute nodes fetches its config from either controller.
     assert "--conf-server head:6817,head-2:6817" in hon("cpu-1", "cat /etc/default/slurmd").stdout
