@@ -117,6 +117,9 @@ def test_the_backup_takes_control_when_the_primary_dies_mid_job(ha_cluster):
     first_step = f"scontrol show step -o {job}.0"
     assert poll(lambda: "StepId=" in hon("head", first_step, check=False).stdout, 60, 0.5), job_state("head", job)
     stepped_at = float(hon("head", "date +%s.%N").stdout)
+    # The step's own save may already be done (then nothing changes until the step ends): a job update
+    # is a change slurmctld saves, so a write after stepped_at holds the step.
+    hon("head", f"scontrol update JobId={job} Comment=ha-step-seen")
     saved = f"stat -c %.9Y {STATE_SAVE}/job_state"
     assert poll(lambda: float(hon("head", saved).stdout) > stepped_at, 60, 0.5), "no state saved after the step"
     kill_head()

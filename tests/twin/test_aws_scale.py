@@ -126,11 +126,24 @@ def node_targets(twin: Twin) -> set[str]:
     return {t["labels"]["node"] for t in targets if t["labels"]["job"] == "node"}
 
 
+def why_no_start(twin: Twin) -> str:
+    """What the head says of a job that did not start (a rehearsal once saw 32 nodes boot and the job
+    not run within 400 s, and nothing else): its queue, the nodes not idle~, the power log's end."""
+    said = [
+        twin.on("head", "squeue -o '%i %T %r %N'; sinfo -R; sinfo -h -N -o '%N %t' | grep -v 'idle~'", check=False),
+        twin.on("head", f"{POWER_LOG} | tail -n 40; tail -n 40 /var/log/slurm/slurmctld.log", check=False),
+    ]
+    return "\n".join(f"--- {result.args[-1][:60]}\n{result.stdout}{result.stderr}" for result in said)
+
+
 def test_a_job_powers_32_nodes_up_at_once_and_runs(scale):
     # Each node says what its configless slurmd fetched from slurmctld: the partition of 1,000 nodes (the
     # sleep: the job is seen RUNNING before it ends).
     step = "srun sh -c 'echo $(hostname) $(scontrol show partition cpu -o | grep -o \" Nodes=[^ ]*\")'; sleep 3"
-    job, took = submit_and_time_the_start(scale, f"-N{RESUMED} -o /shared/scale.out", step)
+    try:
+        job, took = submit_and_time_the_start(scale, f"-N{RESUMED} -o /shared/scale.out", step)
+    except AssertionError as failed:
+        raise AssertionError(f"{failed}\n{why_no_start(scale)}") from None
     print(f"\nsbatch -N{RESUMED} on powered-down twin nodes to RUNNING: {took:.1f}s")
     wait_for(
         f"job {job} completed",
