@@ -106,7 +106,7 @@ test: test-deps venv ## Unit and integration tests (builds the images they boot)
 	$(VENV)/bin/python tests/suite.py
 
 test-unit: venv ## Unit tests only (no root, no nodes)
-	$(VENV)/bin/pytest -v -n auto --dist loadfile $(OFFLINE_TESTS)
+	$(VENV)/bin/pytest -v -n $$(( 2 * $$(nproc) )) --dist loadfile $(OFFLINE_TESTS)
 
 test-integration: test-deps venv ## Integration tests on a real local cluster
 	$(VENV)/bin/pytest -v tests/integration
