@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+import suite
 
 # The shared helpers assert too: rewritten like test modules, their failures show the values they saw.
 pytest.register_assert_rewrite("azuretwintest", "clitest", "imagetest", "nodeshell", "programs", "twintest")
@@ -16,8 +17,15 @@ def repo() -> Path:
 
 def pytest_collection_modifyitems(items):
     """A test that ends a cluster or twin the run shares (marked ends_shared_cluster) runs after every
-    other test of the run, whichever module it is in."""
-    items.sort(key=lambda item: item.get_closest_marker("ends_shared_cluster") is not None)
+    other test of the run, whichever module it is in; the node-less modules of suite.SLOW_FIRST lead
+    the rest (the order within a module stays)."""
+    rank = {module: i for i, module in enumerate(suite.SLOW_FIRST)}
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("ends_shared_cluster") is not None,
+            rank.get(item.nodeid.split("::", 1)[0], len(rank)),
+        )
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

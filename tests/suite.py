@@ -38,6 +38,28 @@ NODE_DIRS = ["tests/integration", "tests/twin"]
 # operation delays, retries' back-off), so a worker per core left the machine idle. Measured on 2 cores,
 # no image build beside: -n 2 took 690 s, -n 4 382 s (631 CPU-s, 1292 tests).
 OFFLINE_WORKERS = 2 * (os.cpu_count() or 1)
+# The node-less tests' slowest modules, slowest first (a time table's), which tests/conftest.py puts
+# first: xdist (--dist loadfile) gives each worker the next file in collection order, and one of these
+# taken last ran alone while the other workers idled (test_permissions, 62 s, ended the phase).
+SLOW_FIRST = [
+    f"tests/{name}.py"
+    for name in (
+        "unit/test_azure_roles",
+        "unit/test_gpu_roles",
+        "azure/test_azure_elastic",
+        "aws/test_elastic_provision",
+        "unit/test_join_bundles",
+        "azure/test_azure_capacity_destroy",
+        "aws/test_permissions",
+        "unit/test_shared_storage",
+        "aws/test_replace_node",
+        "aws/test_cluster",
+        "unit/test_node_health",
+        "azure/test_azure_permissions",
+        "aws/test_resilience",
+        "aws/test_iam_secrets",
+    )
+]
 CB = [str(VENV_BIN / "clusterbake")]
 # The images the node tests boot, in the order they build. A twin's image takes the image settings
 # of the config it is given: the suite's, so that it is a layer on the suite's image.

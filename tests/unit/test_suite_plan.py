@@ -25,6 +25,11 @@ def test_every_node_test_module_runs_in_exactly_one_lane():
     assert len(placed) == len(set(placed))
 
 
+def test_the_slow_modules_put_first_are_node_less_modules_that_exist():
+    assert all((REPO / m).is_file() and m.startswith(tuple(suite.OFFLINE_TESTS)) for m in suite.SLOW_FIRST)
+    assert len(set(suite.SLOW_FIRST)) == len(suite.SLOW_FIRST)
+
+
 def test_the_early_modules_wait_for_every_image_and_run_in_no_lane():
     """An early module changes the host under every node boot (test_many_nodes: the inotify limit): it
     starts once no image build boots a container any more, and no lane runs beside it."""
