@@ -3,11 +3,11 @@
 1. The images the node tests boot build in the background: the suite's, then each twin's as a
    layer of its cloud on the suite's (build/test-images.log).
 2. Meanwhile the node-less tests run on every core (pytest-xdist, two workers a core, a file each).
-3. A module that changes the host under every cluster (EARLY) runs once every image is built,
-   beside the rest of the node-less tests and before any other node boots. Then the node tests
-   run in lanes, a pytest run each, side by side; a lane starts once the node-less tests and the
-   early modules are done and the images it boots are built. A module that loads the machine
-   past the lanes' timed windows (SOLO) runs alone after them.
+3. A module that changes the host under every cluster (EARLY) runs once every image is built and
+   the node-less tests are done, before any other node boots. Then the node tests run in lanes,
+   a pytest run each, side by side; a lane starts once the early modules are done and the images
+   it boots are built. A module that loads the machine past the lanes' timed windows (SOLO) runs
+   alone after them.
 4. build/test-times.json: each phase, lane, module, fixture and cluster boot with its seconds
    (tests/timetable.py records them), and the table printed at the end.
 
@@ -129,10 +129,11 @@ LANES: dict[str, list[str]] = {
 LEADING_LANE = "shared"
 # A module no lane names yet runs here (every test cluster has a bridge and subnet of its own).
 DEFAULT_LANE = "faults"
-# Before the lanes, beside the node-less tests, once every image is built (an image build boots its
-# root file system in a container too): test_many_nodes sets the host's inotify limit to Debian's
-# default, which every node's boot on the host uses. Its 33 boots are cheaper there than alone after
-# the lanes, where the machine idled partly while they ran (vmstat over a whole `make test`).
+# Before the lanes, alone, once every image is built (an image build boots its root file system in a
+# container too): test_many_nodes sets the host's inotify limit to Debian's default, which every
+# node's boot on the host uses. Beside the node-less tests on four workers its 33 boots took 220-292 s
+# instead of about 85, and once a node drained before `cluster up` saw it idle (a rehearsal); after
+# the lanes the machine idled partly while they ran (vmstat over a whole `make test`).
 EARLY = ["tests/integration/test_many_nodes.py"]
 # Alone, after the lanes: test_aws_scale boots 32 twin nodes at once, which beside the lanes starved
 # their timed windows (a spot notice's 45 s; at the end of the EC2 twin's lane, test_ops' munge key
@@ -336,7 +337,6 @@ def main(argv: list[str] | None = None) -> int:
     first = threading.Thread(target=lambda: [run_lane(lane, images, at_once) for lane in early])
     node = threading.Thread(target=run_lanes, args=(lanes, images, lanes_ready))
     if not args.no_node:
-        first.start()
         node.start()
     if not args.no_offline:
         start = time.time()
@@ -345,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         status |= result.returncode
         phase("node-less tests (xdist)", start, times="offline.json")
     if not args.no_node:
+        first.start()
         first.join()
     lanes_ready.set()
     if not args.no_node:

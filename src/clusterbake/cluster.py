@@ -171,10 +171,25 @@ def wait_idle(provider: Provider, timeout: float = IDLE_TIMEOUT) -> dict[str, st
         if planned <= set(states) and all(states[n] in ("idle", "mix", "alloc") for n in static):
             return {n: states[n] for n in sorted(planned)}
         time.sleep(0.5)
+    not_ready = sorted(n for n in static if states.get(n) not in ("idle", "mix", "alloc"))
     raise ClusterbakeError(
         f"compute nodes not idle after {timeout:.0f}s: {json.dumps(states)}; "
-        "check `clusterbake ssh head -- sinfo -R` and /var/log/slurm on the nodes"
+        f"{_slurm_reasons(head, not_ready)}check `clusterbake ssh head -- sinfo -R` and /var/log/slurm on the nodes"
     )
+
+
+def _slurm_reasons(head: Endpoint, nodes: list[str]) -> str:
+    """'Slurm's reasons: NODE: REASON, ...; ' for the nodes Slurm gives a reason for (a drain's: a health
+    check that failed, a slurmd that registered with less than planned), else ''."""
+    if not nodes:
+        return ""
+    try:
+        listed = remote.run(head, ["sinfo", "--noheader", "--list-reasons", "--Node", "--format=%N|%E"], timeout=30)
+    except ClusterbakeError:
+        return ""  # the error names the states and where to look; a reason that cannot be read adds nothing
+    reasons = dict(line.split("|", 1) for line in listed.text().splitlines() if "|" in line)
+    told = [f"{node}: {reasons[node].strip()}" for node in nodes if node in reasons]
+    return f"Slurm's reasons: {', '.join(told)}; " if told else ""
 
 
 def status(config: ClusterConfig) -> dict:

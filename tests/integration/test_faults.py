@@ -17,10 +17,13 @@ from localtest import CB, REPO, cb, on, up_for_the_module
 from polling import drained_by_the_poll_that_saw_the_notice, notice_log_after_the_drain, poll
 from timetable import boots_cluster
 
+from clusterbake.cluster import wait_idle
 from clusterbake.config import load_config
+from clusterbake.errors import ClusterbakeError
 from clusterbake.job_report import events
 from clusterbake.nspawn import machines
 from clusterbake.nspawn.machines import MachinePaths
+from clusterbake.providers import get_provider
 from clusterbake.state import StateDir
 
 CONFIG = Path(__file__).with_name("faults.yaml")
@@ -102,6 +105,10 @@ def test_munge_stopped_drains_through_a_private_munged_and_the_node_returns(faul
     try:
         state, _ = wait_drained("cpu-3", "clusterbake-health: munge is not running (systemctl status munge)")
         assert state.startswith("drain")
+        # `cluster up` that finds a node not idle says Slurm's reason for it.
+        with pytest.raises(ClusterbakeError) as not_idle:
+            wait_idle(get_provider(load_config(CONFIG)), timeout=1)
+        assert "Slurm's reasons: cpu-3: clusterbake-health: munge is not running" in str(not_idle.value)
         assert "through a private munged" in fon("cpu-3", "cat /var/log/clusterbake/health.log").stdout
     finally:
         fon("cpu-3", "systemctl start munge")
