@@ -174,17 +174,9 @@ def test_a_job_template_runs_in_the_image_over_the_same_transport_as_on_the_node
 
 def test_oci_conf_stays_where_slurmd_reads_it_and_a_step_it_lost_refuses_to_run_outside(imported):
     link = "/var/spool/slurmd/conf-cache/oci.conf"
-    # slurmd rewrites its conf-cache at each reconfigure, oci.conf among it (the controller's, a file
-    # renamed into place; the path unit links the node's own there too: the same text, whichever
-    # lands last). Asserted once slurmd has rewritten the cache's slurm.conf: oci.conf is then there
-    # with the node's text. (Looking for the link right after the reconfigure raced slurmd's rename.)
-    cached_at = lambda: on("cpu-1", "stat -c %.9Y /var/spool/slurmd/conf-cache/slurm.conf").stdout  # noqa: E731
-    before = float(cached_at())
-    on("head", "scontrol reconfigure")
-    assert poll(lambda: float(cached_at()) > before, 30), "slurmd did not rewrite its conf-cache"
-    back = lambda: on("cpu-1", f"cmp -s {link} /etc/slurm/oci.conf", check=False).returncode == 0  # noqa: E731
-    assert poll(back, 30), "oci.conf did not come back to slurmd's conf-cache"
-    # Without it Slurm 22.05 runs a --container step on the node itself: the templates refuse.
+    # Without it Slurm 22.05 runs a --container step on the node itself: the templates refuse. (Removed
+    # before any reconfigure of this test: after one, slurmd's rename and the path unit's link, which a
+    # new slurm.conf in the cache sets off, once put it back between the rm and the job: it ran inside.)
     nodes = ("cpu-1", "cpu-2")
     for node in nodes:
         on(node, f"rm {link}")
@@ -195,3 +187,13 @@ def test_oci_conf_stays_where_slurmd_reads_it_and_a_step_it_lost_refuses_to_run_
             on(node, "systemctl start clusterbake-oci-conf.service")
     assert result.returncode != 0
     assert "ran this step outside its container" in result.stdout + result.stderr, result.stdout[-3000:]
+    # slurmd rewrites its conf-cache at each reconfigure, oci.conf among it (the controller's, a file
+    # renamed into place; the path unit links the node's own there too: the same text, whichever
+    # lands last). Asserted once slurmd has rewritten the cache's slurm.conf: oci.conf is then there
+    # with the node's text. (Looking for the link right after the reconfigure raced slurmd's rename.)
+    cached_at = lambda: on("cpu-1", "stat -c %.9Y /var/spool/slurmd/conf-cache/slurm.conf").stdout  # noqa: E731
+    before = float(cached_at())
+    on("head", "scontrol reconfigure")
+    assert poll(lambda: float(cached_at()) > before, 30), "slurmd did not rewrite its conf-cache"
+    back = lambda: on("cpu-1", f"cmp -s {link} /etc/slurm/oci.conf", check=False).returncode == 0  # noqa: E731
+    assert poll(back, 30), "oci.conf did not come back to slurmd's conf-cache"
