@@ -3,7 +3,7 @@ fake cloud, and stopping the fake's server process.
 
 The CLI runs in this process by default: `clusterbake`'s own main() with the environment, arguments,
 working directory and output streams a subprocess would have, and what a process keeps for its life
-(the Azure credential, price caches, SSH connections) forgotten after each run. A subprocess costs
+(the Azure credential, price caches, SSH connections) forgotten before and after each run. A subprocess costs
 about a second of CPU before it does anything, most of it imports (the Azure SDK's alone 0.9 s, measured
 with py-spy over tests/azure/test_azure_elastic.py: half of its CLI processes' samples were imports), and
 the node-less tests start hundreds. `in_subprocess=True` runs the installed console script instead,
@@ -102,6 +102,9 @@ def cli_in_process(argv: list[str], environ: dict[str, str], timeout: int) -> su
     that outlives `timeout` ends this process with every thread's traceback (faulthandler): a hung
     run fails its test (xdist reports the worker's crash) instead of hanging the suite."""
     stdout, stderr = io.StringIO(), io.StringIO()
+    # Before too: a test's own in-process provider calls (another twin's environment) fill the same
+    # caches; a rehearsal's run found another twin's Azure token ("The access token is invalid").
+    forget_process_state()
     faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)
     try:
         with (
