@@ -109,6 +109,26 @@ def test_directories_are_made_and_repaired_and_absent_files_removed(root, tmp_pa
     assert (root / "var/spool/slurmctld").stat().st_mode & 0o7777 == 0o700
 
 
+def test_a_directory_another_node_makes_first_on_shared_storage_is_no_error(root, monkeypatch):
+    """Two heads join at once and share /srv/clusterbake/controller: the other one's mkdir can land
+    between this one's look and its own (a rehearsal's failover cluster: 'File exists')."""
+    shared = root / "srv/clusterbake/controller/power"
+    looked = []
+
+    def made_by_the_other_head(path):
+        if path == shared and not looked:
+            looked.append(path)
+            path.mkdir(parents=True)  # the other head, just after this one looked
+            return False
+        return original(path)
+
+    original = program.Path.is_dir
+    monkeypatch.setattr(program.Path, "is_dir", made_by_the_other_head)
+    node = program.Node(root, boot=False)
+    node.directory({"path": "/srv/clusterbake/controller/power", "mode": "0755"})
+    assert looked and shared.is_dir() and shared.stat().st_mode & 0o7777 == 0o755
+
+
 def test_a_digest_restarts_its_service_when_it_replaces_one_not_when_it_is_new(root):
     """restart_on_create: false (the head's slurmctld restart digest): a first digest says nothing about
     what the running daemon read; a different one later does."""
