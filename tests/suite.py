@@ -334,7 +334,6 @@ def main(argv: list[str] | None = None) -> int:
     at_once = threading.Event()
     at_once.set()
     lanes_ready = threading.Event()  # the node-less tests and the early modules done
-    first = threading.Thread(target=lambda: [run_lane(lane, images, at_once) for lane in early])
     node = threading.Thread(target=run_lanes, args=(lanes, images, lanes_ready))
     if not args.no_node:
         node.start()
@@ -345,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         status |= result.returncode
         phase("node-less tests (xdist)", start, times="offline.json")
     if not args.no_node:
-        first.start()
-        first.join()
+        for lane in early:
+            run_lane(lane, images, at_once)
     lanes_ready.set()
     if not args.no_node:
         images.thread.join()

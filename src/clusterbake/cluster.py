@@ -159,6 +159,10 @@ def _sinfo_states(head: Endpoint) -> dict[str, str]:
     return states
 
 
+# sinfo's short states of a node that takes jobs: idle, or busy with some.
+SLURM_READY = ("idle", "mix", "alloc")
+
+
 def wait_idle(provider: Provider, timeout: float = IDLE_TIMEOUT) -> dict[str, str]:
     """Static compute nodes idle (or busy); elastic ones known to Slurm (powered down until jobs come)."""
     static = {n.name for n in provider.nodes if n.role == "compute" and not n.elastic}
@@ -168,10 +172,10 @@ def wait_idle(provider: Provider, timeout: float = IDLE_TIMEOUT) -> dict[str, st
     head = provider.controller_endpoint()  # one lookup (an API call on clouds), one connection for every poll
     while time.monotonic() < deadline:
         states = _sinfo_states(head)
-        if planned <= set(states) and all(states[n] in ("idle", "mix", "alloc") for n in static):
+        if planned <= set(states) and all(states[n] in SLURM_READY for n in static):
             return {n: states[n] for n in sorted(planned)}
         time.sleep(0.5)
-    not_ready = sorted(n for n in static if states.get(n) not in ("idle", "mix", "alloc"))
+    not_ready = sorted(n for n in static if states.get(n) not in SLURM_READY)
     raise ClusterbakeError(
         f"compute nodes not idle after {timeout:.0f}s: {json.dumps(states)}; "
         f"{_slurm_reasons(head, not_ready)}check `clusterbake ssh head -- sinfo -R` and /var/log/slurm on the nodes"
